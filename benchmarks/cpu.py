@@ -5,8 +5,9 @@
 Runs alternate (ours, torch, ours, torch, ...) and report medians; both sides allocate their
 outputs, as a caller of either would. Memory-bound rows also show opgen's time with its outputs
 given (the kernel alone, without the zeroing of fresh pages) and its bandwidth as a percentage of
-this machine's copy bandwidth (bytes read + written by the faster of a numpy copy and PyTorch's
-``copy_`` on the same threads, of as many bytes as the row moves, timed alternately with the row's
+this machine's copy bandwidth (bytes read + written by the fastest of a numpy copy, PyTorch's
+``copy_`` and a copy with streaming stores (benchmarks/stream_copy.c) on the same threads, of as
+many bytes as the row moves, timed alternately with the row's
 calls: a VM's memory bandwidth drifts, within seconds on the Zen 5 machine; the median over the
 repetitions of each call against the copy timed right after it; each timed call and each timed
 copy right after an untimed one of itself, so neither pays for the other's dirty cache lines; the

@@ -36,14 +36,14 @@ def given_ms(call: Callable[[], object], nbytes: int, reps: int = 15) -> dict[st
     (the kernel without the operating system's zeroing of fresh output pages; each timed call
     right after an untimed one, as each timed copy: neither pays for the other's dirty cache
     lines); ``copy_gbs``: the copy bandwidth (bytes read + written per second, GB/s) of a copy
-    of COPY_BYTES (or of ``nbytes`` / 2 when larger: arrays the caches cannot hold), the faster
-    of numpy's (one thread) and PyTorch's ``copy_`` (its threads), timed alternately with
+    of COPY_BYTES (or of ``nbytes`` / 2 when larger: arrays the caches cannot hold), the fastest
+    of numpy's, PyTorch's and a streaming-store copy (``copier``), timed alternately with
     ``call`` (the median, as the call's): this VM's host lends it 41-78 GB/s, switching within
     seconds, so a copy timed once at the start of a run did not describe its later rows;
     ``pct_copy``: the median over the repetitions of the call's bandwidth (``nbytes`` per call)
     as a percentage of the copy's timed right after it (the same window of the host's, where
     the two medians may come from different windows)."""
-    half = max(COPY_BYTES, nbytes // 8 * 4)
+    half = max(COPY_BYTES, nbytes // 128 * 64)
     copy = copier(half)
     mine, copies = [], []
     for _ in range(reps):
@@ -57,12 +57,51 @@ def given_ms(call: Callable[[], object], nbytes: int, reps: int = 15) -> dict[st
 
 
 def copier(nbytes: int) -> Callable[[], float]:
-    """A copy of ``nbytes`` (a multiple of 4) between two arrays made here: each call returns the
-    seconds of the faster of numpy's copy (one thread) and PyTorch's ``copy_`` (its threads)."""
+    """A copy of ``nbytes`` (a multiple of 64) between two 64-byte aligned arrays made here: each
+    call returns the seconds of the fastest of numpy's copy (one thread), PyTorch's ``copy_``
+    (its threads) and a copy with streaming stores on the OpenMP threads (benchmarks/stream_copy.c,
+    compiled on first use; skipped without a C compiler): the first two read each destination line
+    before writing it, uncounted traffic the third avoids (it moved 55-65 GB/s where they moved
+    40-45 on the Zen 5 VM)."""
+    import ctypes
+
     import numpy as np
     import torch
 
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.empty_like(src)
+    from opgen.binding import aligned_zeros
+
+    src = aligned_zeros((nbytes // 4,), np.float32, align=64)
+    src[:] = 1
+    dst = aligned_zeros((nbytes // 4,), np.float32, align=64)
     ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-    return lambda: min(timed(lambda: np.copyto(dst, src)), timed(lambda: td.copy_(ts)))
+    lib = _stream_copy_lib()
+    copies = [lambda: np.copyto(dst, src), lambda: td.copy_(ts)]
+    if lib is not None:
+        s, d, n = ctypes.c_void_p(src.ctypes.data), ctypes.c_void_p(dst.ctypes.data), ctypes.c_size_t(nbytes // 64 * 64)
+        copies.append(lambda: lib.stream_copy(s, d, n))
+    return lambda: min(timed(c) for c in copies)
+
+
+_STREAM_COPY: list = []
+
+
+def _stream_copy_lib() -> object | None:
+    """benchmarks/stream_copy.c as a shared library (compiled once per process), or None when no
+    C compiler builds it."""
+    if not _STREAM_COPY:
+        import ctypes
+        import os
+        import subprocess
+        import tempfile
+
+        from opgen import compile as cc
+
+        so = os.path.join(tempfile.mkdtemp(), "stream_copy.so")
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_copy.c")
+        try:
+            r = subprocess.run([cc.compiler(), "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", so],
+                               capture_output=True, text=True)
+            _STREAM_COPY.append(ctypes.CDLL(so) if r.returncode == 0 else None)
+        except (OSError, cc.CompileError):
+            _STREAM_COPY.append(None)
+    return _STREAM_COPY[0]

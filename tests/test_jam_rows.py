@@ -101,7 +101,8 @@ def test_rms_norm_rows_go_two_at_a_time():
 
 def test_the_jammed_second_pass_streams_and_prefetches_the_next_pair():
     """After map-cpu the jammed second pass is a stream loop whose next-row prefetches name
-    rows lo + 2 min(p + 1, pairs - 1) and that plus one: the next pair, never past the loop's."""
+    rows lo + 2 (p + 1) and that plus one, clamped to the tensor's rows (max(min(row, N - 1),
+    0)): the next pair, at a group's end the next group's first pair, never a row past the tensor."""
     (k,) = _staged("rms_norm_backward", "map-cpu")
     pair = next(p for p in _jammed(k) if any(isinstance(o, s.ForOp) and o.kind.data == "reduce" for o in p.walk()))
     second = pair.body.block.last_op
@@ -110,16 +111,19 @@ def test_the_jammed_second_pass_streams_and_prefetches_the_next_pair():
     names = {k.param_names.get(p.buf) for p in nexts}
     assert names == {"grad_y", "x"} and len(nexts) == 4
     for p in nexts:
-        row = p.idx[0]
+        clamp = p.idx[0].owner
+        assert isinstance(clamp, ir.MaxOp) and ir.constant_int(clamp.rhs) == 0
+        below = clamp.lhs.owner
+        top = below.rhs.owner
+        assert isinstance(below, ir.MinOp) and isinstance(top, ir.SubOp) and ir.constant_int(top.rhs) == 1
+        assert isinstance(top.lhs.owner, ir.DimOp) and top.lhs.owner.dim.data == "N"
+        row = below.lhs
         add = row.owner if isinstance(row.owner, ir.AddOp) and ir.constant_int(row.owner.rhs) == 1 else None
         first = add.lhs if add is not None else row
         mul = first.owner.rhs.owner
         assert isinstance(mul, ir.MulOp) and ir.constant_int(mul.rhs) == jam_rows.FACTOR
-        at = mul.lhs.owner
-        assert isinstance(at, ir.MinOp)
-        plus, last = at.lhs.owner, at.rhs.owner
+        plus = mul.lhs.owner
         assert isinstance(plus, ir.AddOp) and plus.lhs is pair.iv and ir.constant_int(plus.rhs) == 1
-        assert isinstance(last, ir.SubOp) and last.lhs is pair.hi
 
 
 def test_a_scatter_adds_segment_loop_is_left_alone():
@@ -218,11 +222,13 @@ SANITIZED = textwrap.dedent("""
             x = rng.standard_normal((n, d)).astype(dt)
             runtime.call("norm_cols", lib=lib, g=g, x=x)
             runtime.call("norm_cols", lib=lib, g=g, x=x, dx=g)
+            g2 = rng.standard_normal((2 * n, d)).astype(dt)  # (rows apart: the next-row prefetch's
+            runtime.call("norm_cols", lib=lib, g=g2[::2], x=x)  # row clamped to the tensor's rows)
     print("done")
 """)
 
 
 def test_jammed_rows_are_clean_under_asan_and_ubsan(built):
-    """Odd and even row counts, in place and not, under AddressSanitizer and
+    """Odd and even row counts, in place and not, rows apart, under AddressSanitizer and
     UndefinedBehaviorSanitizer."""
     assert_clean_under_sanitizers(built, SANITIZED)

@@ -692,10 +692,11 @@ def x_ops(o: s.ForOp) -> list[object]:
 def test_second_pass_over_a_row_prefetches_the_next_row(built):
     """LayerNorm backward: the row sums (a lanes loop) read grad_y and x first; the sibling loop
     computing grad_x re-reads them from cache, so instead of its own row it prefetches the same
-    columns of the next row (``min(r + 1, hi - 1)``: the last row names itself, never a row past
-    the tensor), which the row sums read next — in every instance, bf16 as f32; the row sums
-    prefetch nothing. w (one row for all) is never prefetched, and the output only for writing,
-    2 KiB ahead in its own row (a second pass); the row sums' loop itself is not a stream."""
+    columns of the row the next iteration reads (clamped to the tensor's rows: a group's last row
+    names the next group's first, the tensor's last row itself), which the row sums read next —
+    in every instance, bf16 as f32; the row sums prefetch nothing. w (one row for all) is never
+    prefetched, and the output only for writing, 2 KiB ahead in its own row (a second pass); the
+    row sums' loop itself is not a stream."""
     from opgen.emit import cpu
     from opgen.lower import cpu_map
     from opgen.passes import pipeline
@@ -725,12 +726,16 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
         assert sorted(names[x.buf] for x in hints) == sorted(["grad_y", "x"] * len(sums))
         for h in hints:
             assert h.ahead.data == 0 and h.idx[-1] is loop.iv and h.span is None
-            # the row at the next counter, min(r + 1, hi - 1), computed before the loop
-            (at,) = {o for o in _operand_ops(h.idx[-2]) if isinstance(o, ir.MinOp)
-                     and isinstance(o.operands[0].owner, ir.AddOp) and o.operands[0].owner.operands[0] is outer.iv}
-            assert at in before and ir.constant_int(at.operands[0].owner.operands[1]) == 1
-            last = at.operands[1].owner
-            assert isinstance(last, ir.SubOp) and last.operands[0] is outer.hi
+            # the row the next iteration reads (its expression at r + 1), clamped to the tensor's
+            # rows, max(min(row, rows - 1), 0), computed before the loop
+            clamp = h.idx[-2].owner
+            assert isinstance(clamp, ir.MaxOp) and clamp in before and ir.constant_int(clamp.rhs) == 0
+            below = clamp.lhs.owner
+            top = below.rhs.owner
+            assert isinstance(below, ir.MinOp) and isinstance(top, ir.SubOp) and ir.constant_int(top.rhs) == 1
+            assert isinstance(top.lhs.owner, ir.DimOp) and top.lhs.owner.dim.data == s.buf_type(h.buf).shape[-2]
+            (nxt,) = {o for o in _operand_ops(below.lhs) if isinstance(o, ir.AddOp) and o.lhs is outer.iv}
+            assert ir.constant_int(nxt.rhs) == 1
     text = cpu.op_source(built["ops"]["ln_cast_backward"])
     assert "OPGEN_PREFETCH(p_w" not in text and "OPGEN_PREFETCH(p_grad_x" not in text
     assert text.count("OPGEN_PREFETCH_W(p_grad_x, ") == text.count("OPGEN_PREFETCH_W(") > 0
@@ -801,8 +806,9 @@ def test_lane_reductions_run_in_full_width_vectors(built, tmp_path):
 @pytest.mark.parametrize("T", ["f32", "bf16"])
 @pytest.mark.parametrize("n", [1, 2, 31, 33, 64])
 def test_next_row_prefetch_at_the_last_row(built, rng, T, n):
-    """Every row count around the row groups of 32 (the next row of a group's last row is its
-    own): LayerNorm backward against the oracle, contiguous and with a Batch dim over strided rows."""
+    """Every row count around the row groups of 32 (a group's last row prefetches the next
+    group's first, the tensor's last row itself): LayerNorm backward against the oracle,
+    contiguous and with a Batch dim over strided rows."""
     for strided in (False, True):
         a = ln_cast_args(rng, T, (2 * n if strided else n, 40))
         if strided:

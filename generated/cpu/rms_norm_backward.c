@@ -66,7 +66,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -207,348 +207,355 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             const float v73 = l53;
             l52 = v73;
             const int64_t v74 = 1ll;
-            const int64_t v75 = i21 + v74;
-            const int64_t v76 = v18 - v74;
-            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
-            const int64_t v78 = v77 * v14;
-            const int64_t v79 = v11 + v78;
-            const int64_t v80 = v79 + v48;
+            const int64_t v75 = 0ll;
+            const int64_t v76 = i21 + v74;
+            const int64_t v77 = v76 * v14;
+            const int64_t v78 = v11 + v77;
+            const int64_t v79 = d_N - v74;
+            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
+            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
+            const int64_t v82 = v78 + v48;
+            const int64_t v83 = d_N - v74;
+            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
+            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
             {
-                int64_t r82 = v1;
-                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
-                for (int64_t i81 = r82; i81 < e83; i81++) {
-                    const float v84 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v85 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v86 = v84 * v85;
-                    const float v87 = l24;
-                    const float v88 = v87 / v7;
-                    const float v89 = v88 + v8;
-                    const float v90 = 1.0f / sqrtf(v89);
-                    const float v91 = v86 * v90;
-                    l10[i81] += v91;
-                    const float v92 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
-                    const float v93 = v84 * v92;
-                    const float v94 = v93 * v90;
-                    const float v95 = l26;
-                    const float v96 = v95 / v7;
-                    const float v97 = v96 * v90;
-                    const float v98 = v97 * v90;
-                    const float v99 = v98 * v90;
-                    const float v100 = v85 * v99;
-                    const float v101 = v94 - v100;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v101);
-                    const float v102 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v103 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v104 = v102 * v103;
-                    const float v105 = l50;
-                    const float v106 = v105 / v7;
-                    const float v107 = v106 + v8;
-                    const float v108 = 1.0f / sqrtf(v107);
-                    const float v109 = v104 * v108;
-                    l10[i81] += v109;
-                    const float v110 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
-                    const float v111 = v102 * v110;
-                    const float v112 = v111 * v108;
-                    const float v113 = l52;
-                    const float v114 = v113 / v7;
-                    const float v115 = v114 * v108;
-                    const float v116 = v115 * v108;
-                    const float v117 = v116 * v108;
-                    const float v118 = v103 * v117;
-                    const float v119 = v112 - v118;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v119);
+                int64_t r87 = v1;
+                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
+                for (int64_t i86 = r87; i86 < e88; i86++) {
+                    const float v89 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v90 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v91 = v89 * v90;
+                    const float v92 = l24;
+                    const float v93 = v92 / v7;
+                    const float v94 = v93 + v8;
+                    const float v95 = 1.0f / sqrtf(v94);
+                    const float v96 = v91 * v95;
+                    l10[i86] += v96;
+                    const float v97 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                    const float v98 = v89 * v97;
+                    const float v99 = v98 * v95;
+                    const float v100 = l26;
+                    const float v101 = v100 / v7;
+                    const float v102 = v101 * v95;
+                    const float v103 = v102 * v95;
+                    const float v104 = v103 * v95;
+                    const float v105 = v90 * v104;
+                    const float v106 = v99 - v105;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v106);
+                    const float v107 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v108 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v109 = v107 * v108;
+                    const float v110 = l50;
+                    const float v111 = v110 / v7;
+                    const float v112 = v111 + v8;
+                    const float v113 = 1.0f / sqrtf(v112);
+                    const float v114 = v109 * v113;
+                    l10[i86] += v114;
+                    const float v115 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                    const float v116 = v107 * v115;
+                    const float v117 = v116 * v113;
+                    const float v118 = l52;
+                    const float v119 = v118 / v7;
+                    const float v120 = v119 * v113;
+                    const float v121 = v120 * v113;
+                    const float v122 = v121 * v113;
+                    const float v123 = v108 * v122;
+                    const float v124 = v117 - v123;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v124);
                 }
-                r82 = e83;
-                for (; r82 + 32 <= d_D; r82 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
-                    _Alignas(64) float stg120[32];
-                    _Alignas(64) float stg121[32];
+                r87 = e88;
+                for (; r87 + 32 <= d_D; r87 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
+                    _Alignas(64) float stg125[32];
+                    _Alignas(64) float stg126[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i81 = r82 + l; (void)i81;
-                        const float v122 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                        const float v123 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
-                        const float v124 = v122 * v123;
-                        const float v125 = l24;
-                        const float v126 = v125 / v7;
-                        const float v127 = v126 + v8;
-                        const float v128 = 1.0f / sqrtf(v127);
-                        const float v129 = v124 * v128;
-                        l10[i81] += v129;
-                        const float v130 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
-                        const float v131 = v122 * v130;
-                        const float v132 = v131 * v128;
-                        const float v133 = l26;
-                        const float v134 = v133 / v7;
-                        const float v135 = v134 * v128;
-                        const float v136 = v135 * v128;
-                        const float v137 = v136 * v128;
-                        const float v138 = v123 * v137;
-                        const float v139 = v132 - v138;
-                        stg120[l] = v139;
-                        const float v140 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                        const float v141 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
-                        const float v142 = v140 * v141;
-                        const float v143 = l50;
-                        const float v144 = v143 / v7;
-                        const float v145 = v144 + v8;
-                        const float v146 = 1.0f / sqrtf(v145);
-                        const float v147 = v142 * v146;
-                        l10[i81] += v147;
-                        const float v148 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
-                        const float v149 = v140 * v148;
-                        const float v150 = v149 * v146;
-                        const float v151 = l52;
-                        const float v152 = v151 / v7;
-                        const float v153 = v152 * v146;
-                        const float v154 = v153 * v146;
-                        const float v155 = v154 * v146;
-                        const float v156 = v141 * v155;
-                        const float v157 = v150 - v156;
-                        stg121[l] = v157;
+                        const int64_t i86 = r87 + l; (void)i86;
+                        const float v127 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                        const float v128 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i86] += v134;
+                        const float v135 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg125[l] = v144;
+                        const float v145 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                        const float v146 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                        const float v147 = v145 * v146;
+                        const float v148 = l50;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i86] += v152;
+                        const float v153 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l52;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg126[l] = v162;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
                 }
-                for (int64_t i81 = r82; i81 < d_D; i81++) {
-                    const float v158 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v159 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v160 = v158 * v159;
-                    const float v161 = l24;
-                    const float v162 = v161 / v7;
-                    const float v163 = v162 + v8;
-                    const float v164 = 1.0f / sqrtf(v163);
-                    const float v165 = v160 * v164;
-                    l10[i81] += v165;
-                    const float v166 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
-                    const float v167 = v158 * v166;
-                    const float v168 = v167 * v164;
-                    const float v169 = l26;
-                    const float v170 = v169 / v7;
-                    const float v171 = v170 * v164;
-                    const float v172 = v171 * v164;
-                    const float v173 = v172 * v164;
-                    const float v174 = v159 * v173;
-                    const float v175 = v168 - v174;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v175);
-                    const float v176 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v177 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v178 = v176 * v177;
-                    const float v179 = l50;
-                    const float v180 = v179 / v7;
-                    const float v181 = v180 + v8;
-                    const float v182 = 1.0f / sqrtf(v181);
-                    const float v183 = v178 * v182;
-                    l10[i81] += v183;
-                    const float v184 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
-                    const float v185 = v176 * v184;
-                    const float v186 = v185 * v182;
-                    const float v187 = l52;
-                    const float v188 = v187 / v7;
-                    const float v189 = v188 * v182;
-                    const float v190 = v189 * v182;
-                    const float v191 = v190 * v182;
-                    const float v192 = v177 * v191;
-                    const float v193 = v186 - v192;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v193);
+                for (int64_t i86 = r87; i86 < d_D; i86++) {
+                    const float v163 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v164 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i86] += v170;
+                    const float v171 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v180);
+                    const float v181 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v182 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v183 = v181 * v182;
+                    const float v184 = l50;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i86] += v188;
+                    const float v189 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l52;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v198);
                 }
             }
         }
-        for (int64_t i194 = v20; i194 < v13; i194++) {
-            float l195 = 0;
-            float l196 = 0;
-            float l197 = 0;
-            float l198 = 0;
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
+            float l202 = 0;
+            float l203 = 0;
             {
-                float lane200[32];
-                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
-                float lane201[32];
-                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
-                int64_t r202 = v1;
-                for (; r202 + 32 <= d_D; r202 += 32) {
+                float lane205[32];
+                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
+                float lane206[32];
+                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 32 <= d_D; r207 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i199 = r202 + l;
-                        const float v203 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v204 = v203 * v203;
-                        lane200[l] += v204;
-                        const float v205 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v206 = opgen_f16_to_f32(p_w[i199 * st_w_0]);
-                        const float v207 = v205 * v206;
-                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v209 = v207 * v208;
-                        lane201[l] += v209;
-                    }
-                }
-                for (int l = 0; r202 + l < d_D; l++) {
-                    {
-                        const int64_t i199 = r202 + l;
-                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v211 = v210 * v210;
-                        lane200[l] += v211;
-                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v213 = opgen_f16_to_f32(p_w[i199 * st_w_0]);
+                        const int64_t i204 = r207 + l;
+                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v211 = opgen_f16_to_f32(p_w[i204 * st_w_0]);
+                        const float v212 = v210 * v211;
+                        const float v213 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v214 = v212 * v213;
-                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v216 = v214 * v215;
-                        lane201[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
-                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
-                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
-                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
-                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
-                l196 = lane200[0];
-                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
-                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
-                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
-                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
-                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
-                l198 = lane201[0];
+                for (int l = 0; r207 + l < d_D; l++) {
+                    {
+                        const int64_t i204 = r207 + l;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v218 = opgen_f16_to_f32(p_w[i204 * st_w_0]);
+                        const float v219 = v217 * v218;
+                        const float v220 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v221 = v219 * v220;
+                        lane206[l] += v221;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
             }
-            const float v217 = l196;
-            l195 = v217;
-            const float v218 = l198;
-            l197 = v218;
-            const int64_t v219 = 1ll;
-            const int64_t v220 = i194 + v219;
-            const int64_t v221 = v13 - v219;
-            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
             {
-                int64_t r224 = v1;
-                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
-                for (int64_t i223 = r224; i223 < e225; i223++) {
-                    const float v226 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v227 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v228 = v226 * v227;
-                    const float v229 = l195;
-                    const float v230 = v229 / v7;
-                    const float v231 = v230 + v8;
-                    const float v232 = 1.0f / sqrtf(v231);
-                    const float v233 = v228 * v232;
-                    l10[i223] += v233;
-                    const float v234 = opgen_f16_to_f32(p_w[i223 * st_w_0]);
-                    const float v235 = v226 * v234;
-                    const float v236 = v235 * v232;
-                    const float v237 = l197;
-                    const float v238 = v237 / v7;
-                    const float v239 = v238 * v232;
-                    const float v240 = v239 * v232;
-                    const float v241 = v240 * v232;
-                    const float v242 = v227 * v241;
-                    const float v243 = v236 - v242;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v243);
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v234 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v250);
                 }
-                r224 = e225;
-                for (; r224 + 32 <= d_D; r224 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
-                    _Alignas(64) float stg244[32];
+                r231 = e232;
+                for (; r231 + 32 <= d_D; r231 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i223 = r224 + l; (void)i223;
-                        const float v245 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                        const float v246 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
-                        const float v247 = v245 * v246;
-                        const float v248 = l195;
-                        const float v249 = v248 / v7;
-                        const float v250 = v249 + v8;
-                        const float v251 = 1.0f / sqrtf(v250);
-                        const float v252 = v247 * v251;
-                        l10[i223] += v252;
-                        const float v253 = opgen_f16_to_f32(p_w[i223 * st_w_0]);
-                        const float v254 = v245 * v253;
-                        const float v255 = v254 * v251;
-                        const float v256 = l197;
-                        const float v257 = v256 / v7;
-                        const float v258 = v257 * v251;
-                        const float v259 = v258 * v251;
-                        const float v260 = v259 * v251;
-                        const float v261 = v246 * v260;
-                        const float v262 = v255 - v261;
-                        stg244[l] = v262;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v252 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                        const float v253 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                        const float v254 = v252 * v253;
+                        const float v255 = l200;
+                        const float v256 = v255 / v7;
+                        const float v257 = v256 + v8;
+                        const float v258 = 1.0f / sqrtf(v257);
+                        const float v259 = v254 * v258;
+                        l10[i230] += v259;
+                        const float v260 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
+                        const float v261 = v252 * v260;
+                        const float v262 = v261 * v258;
+                        const float v263 = l202;
+                        const float v264 = v263 / v7;
+                        const float v265 = v264 * v258;
+                        const float v266 = v265 * v258;
+                        const float v267 = v266 * v258;
+                        const float v268 = v253 * v267;
+                        const float v269 = v262 - v268;
+                        stg251[l] = v269;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
                 }
-                for (int64_t i223 = r224; i223 < d_D; i223++) {
-                    const float v263 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v264 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v265 = v263 * v264;
-                    const float v266 = l195;
-                    const float v267 = v266 / v7;
-                    const float v268 = v267 + v8;
-                    const float v269 = 1.0f / sqrtf(v268);
-                    const float v270 = v265 * v269;
-                    l10[i223] += v270;
-                    const float v271 = opgen_f16_to_f32(p_w[i223 * st_w_0]);
-                    const float v272 = v263 * v271;
-                    const float v273 = v272 * v269;
-                    const float v274 = l197;
-                    const float v275 = v274 / v7;
-                    const float v276 = v275 * v269;
-                    const float v277 = v276 * v269;
-                    const float v278 = v277 * v269;
-                    const float v279 = v264 * v278;
-                    const float v280 = v273 - v279;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v280);
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v270 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v271 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v272 = v270 * v271;
+                    const float v273 = l200;
+                    const float v274 = v273 / v7;
+                    const float v275 = v274 + v8;
+                    const float v276 = 1.0f / sqrtf(v275);
+                    const float v277 = v272 * v276;
+                    l10[i230] += v277;
+                    const float v278 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
+                    const float v279 = v270 * v278;
+                    const float v280 = v279 * v276;
+                    const float v281 = l202;
+                    const float v282 = v281 / v7;
+                    const float v283 = v282 * v276;
+                    const float v284 = v283 * v276;
+                    const float v285 = v284 * v276;
+                    const float v286 = v271 * v285;
+                    const float v287 = v280 - v286;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v287);
                 }
             }
         }
-        for (int64_t i281 = v1; i281 < d_D; i281++) {
-            const float v282 = l10[i281];
-            t5[i9 * d_D + i281] = v282;
+        for (int64_t i288 = v1; i288 < d_D; i288++) {
+            const float v289 = l10[i288];
+            t5[i9 * d_D + i288] = v289;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v283 = 64ll;
-    const int64_t v284 = 0ll;
-    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v290 = 64ll;
+    const int64_t v291 = 0ll;
+    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i286 = v284; i286 < v285; i286++) {
-        const int64_t v287 = i286 * v283;
-        const int64_t v288 = d_D - v287;
-        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
-        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l290, sizeof(float) * (size_t)64ll);
-        const int64_t v291 = 2ll;
-        const int64_t v292 = 0ll;
-        const int64_t v293 = v4 - v1;
-        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
-        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
-        const int64_t v296 = v295 * v291;
-        const int64_t v297 = v1 + v296;
-        for (int64_t i298 = v292; i298 < v295; i298++) {
-            const int64_t v299 = i298 * v291;
-            const int64_t v300 = v1 + v299;
-            const int64_t v301 = 1ll;
-            const int64_t v302 = v300 + v301;
-            for (int64_t i303 = v284; i303 < v289; i303++) {
-                const int64_t v304 = v287 + i303;
-                const float v305 = t5[v300 * d_D + v304];
-                l290[i303] += v305;
-                const int64_t v306 = v287 + i303;
-                const float v307 = t5[v302 * d_D + v306];
-                l290[i303] += v307;
+    for (int64_t i293 = v291; i293 < v292; i293++) {
+        const int64_t v294 = i293 * v290;
+        const int64_t v295 = d_D - v294;
+        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
+        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l297, sizeof(float) * (size_t)64ll);
+        const int64_t v298 = 2ll;
+        const int64_t v299 = 0ll;
+        const int64_t v300 = v4 - v1;
+        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
+        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
+        const int64_t v303 = v302 * v298;
+        const int64_t v304 = v1 + v303;
+        for (int64_t i305 = v299; i305 < v302; i305++) {
+            const int64_t v306 = i305 * v298;
+            const int64_t v307 = v1 + v306;
+            const int64_t v308 = 1ll;
+            const int64_t v309 = v307 + v308;
+            for (int64_t i310 = v291; i310 < v296; i310++) {
+                const int64_t v311 = v294 + i310;
+                const float v312 = t5[v307 * d_D + v311];
+                l297[i310] += v312;
+                const int64_t v313 = v294 + i310;
+                const float v314 = t5[v309 * d_D + v313];
+                l297[i310] += v314;
             }
         }
-        for (int64_t i308 = v297; i308 < v4; i308++) {
-            for (int64_t i309 = v284; i309 < v289; i309++) {
-                const int64_t v310 = v287 + i309;
-                const float v311 = t5[i308 * d_D + v310];
-                l290[i309] += v311;
+        for (int64_t i315 = v304; i315 < v4; i315++) {
+            for (int64_t i316 = v291; i316 < v296; i316++) {
+                const int64_t v317 = v294 + i316;
+                const float v318 = t5[i315 * d_D + v317];
+                l297[i316] += v318;
             }
         }
-        for (int64_t i312 = v284; i312 < v289; i312++) {
-            const int64_t v313 = v287 + i312;
-            const float v314 = l290[i312];
-            p_grad_w[v313 * st_grad_w_0] = opgen_f32_to_f16(v314);
+        for (int64_t i319 = v291; i319 < v296; i319++) {
+            const int64_t v320 = v294 + i319;
+            const float v321 = l297[i319];
+            p_grad_w[v320 * st_grad_w_0] = opgen_f32_to_f16(v321);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -579,7 +586,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -720,357 +727,364 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             const float v73 = l53;
             l52 = v73;
             const int64_t v74 = 1ll;
-            const int64_t v75 = i21 + v74;
-            const int64_t v76 = v18 - v74;
-            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
-            const int64_t v78 = v77 * v14;
-            const int64_t v79 = v11 + v78;
-            const int64_t v80 = v79 + v48;
+            const int64_t v75 = 0ll;
+            const int64_t v76 = i21 + v74;
+            const int64_t v77 = v76 * v14;
+            const int64_t v78 = v11 + v77;
+            const int64_t v79 = d_N - v74;
+            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
+            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
+            const int64_t v82 = v78 + v48;
+            const int64_t v83 = d_N - v74;
+            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
+            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
             {
-                int64_t r82 = v1;
-                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                int64_t r87 = v1;
+                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
                 #pragma omp simd
-                for (int64_t i81 = r82; i81 < e83; i81++) {
-                    const float v84 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v85 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v86 = v84 * v85;
-                    const float v87 = l24;
-                    const float v88 = v87 / v7;
-                    const float v89 = v88 + v8;
-                    const float v90 = 1.0f / sqrtf(v89);
-                    const float v91 = v86 * v90;
-                    l10[i81] += v91;
-                    const float v92 = opgen_f16_to_f32(p_w[i81]);
-                    const float v93 = v84 * v92;
-                    const float v94 = v93 * v90;
-                    const float v95 = l26;
-                    const float v96 = v95 / v7;
-                    const float v97 = v96 * v90;
-                    const float v98 = v97 * v90;
-                    const float v99 = v98 * v90;
-                    const float v100 = v85 * v99;
-                    const float v101 = v94 - v100;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v101);
-                    const float v102 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v103 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v104 = v102 * v103;
-                    const float v105 = l50;
-                    const float v106 = v105 / v7;
-                    const float v107 = v106 + v8;
-                    const float v108 = 1.0f / sqrtf(v107);
-                    const float v109 = v104 * v108;
-                    l10[i81] += v109;
-                    const float v110 = opgen_f16_to_f32(p_w[i81]);
-                    const float v111 = v102 * v110;
-                    const float v112 = v111 * v108;
-                    const float v113 = l52;
-                    const float v114 = v113 / v7;
-                    const float v115 = v114 * v108;
-                    const float v116 = v115 * v108;
-                    const float v117 = v116 * v108;
-                    const float v118 = v103 * v117;
-                    const float v119 = v112 - v118;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v119);
+                for (int64_t i86 = r87; i86 < e88; i86++) {
+                    const float v89 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v90 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v91 = v89 * v90;
+                    const float v92 = l24;
+                    const float v93 = v92 / v7;
+                    const float v94 = v93 + v8;
+                    const float v95 = 1.0f / sqrtf(v94);
+                    const float v96 = v91 * v95;
+                    l10[i86] += v96;
+                    const float v97 = opgen_f16_to_f32(p_w[i86]);
+                    const float v98 = v89 * v97;
+                    const float v99 = v98 * v95;
+                    const float v100 = l26;
+                    const float v101 = v100 / v7;
+                    const float v102 = v101 * v95;
+                    const float v103 = v102 * v95;
+                    const float v104 = v103 * v95;
+                    const float v105 = v90 * v104;
+                    const float v106 = v99 - v105;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v106);
+                    const float v107 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v108 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v109 = v107 * v108;
+                    const float v110 = l50;
+                    const float v111 = v110 / v7;
+                    const float v112 = v111 + v8;
+                    const float v113 = 1.0f / sqrtf(v112);
+                    const float v114 = v109 * v113;
+                    l10[i86] += v114;
+                    const float v115 = opgen_f16_to_f32(p_w[i86]);
+                    const float v116 = v107 * v115;
+                    const float v117 = v116 * v113;
+                    const float v118 = l52;
+                    const float v119 = v118 / v7;
+                    const float v120 = v119 * v113;
+                    const float v121 = v120 * v113;
+                    const float v122 = v121 * v113;
+                    const float v123 = v108 * v122;
+                    const float v124 = v117 - v123;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v124);
                 }
-                r82 = e83;
-                for (; r82 + 32 <= d_D; r82 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
-                    _Alignas(64) float stg120[32];
-                    _Alignas(64) float stg121[32];
+                r87 = e88;
+                for (; r87 + 32 <= d_D; r87 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
+                    _Alignas(64) float stg125[32];
+                    _Alignas(64) float stg126[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i81 = r82 + l; (void)i81;
-                        const float v122 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                        const float v123 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
-                        const float v124 = v122 * v123;
-                        const float v125 = l24;
-                        const float v126 = v125 / v7;
-                        const float v127 = v126 + v8;
-                        const float v128 = 1.0f / sqrtf(v127);
-                        const float v129 = v124 * v128;
-                        l10[i81] += v129;
-                        const float v130 = opgen_f16_to_f32(p_w[i81]);
-                        const float v131 = v122 * v130;
-                        const float v132 = v131 * v128;
-                        const float v133 = l26;
-                        const float v134 = v133 / v7;
-                        const float v135 = v134 * v128;
-                        const float v136 = v135 * v128;
-                        const float v137 = v136 * v128;
-                        const float v138 = v123 * v137;
-                        const float v139 = v132 - v138;
-                        stg120[l] = v139;
-                        const float v140 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                        const float v141 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
-                        const float v142 = v140 * v141;
-                        const float v143 = l50;
-                        const float v144 = v143 / v7;
-                        const float v145 = v144 + v8;
-                        const float v146 = 1.0f / sqrtf(v145);
-                        const float v147 = v142 * v146;
-                        l10[i81] += v147;
-                        const float v148 = opgen_f16_to_f32(p_w[i81]);
-                        const float v149 = v140 * v148;
-                        const float v150 = v149 * v146;
-                        const float v151 = l52;
-                        const float v152 = v151 / v7;
-                        const float v153 = v152 * v146;
-                        const float v154 = v153 * v146;
-                        const float v155 = v154 * v146;
-                        const float v156 = v141 * v155;
-                        const float v157 = v150 - v156;
-                        stg121[l] = v157;
+                        const int64_t i86 = r87 + l; (void)i86;
+                        const float v127 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                        const float v128 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i86] += v134;
+                        const float v135 = opgen_f16_to_f32(p_w[i86]);
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg125[l] = v144;
+                        const float v145 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                        const float v146 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                        const float v147 = v145 * v146;
+                        const float v148 = l50;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i86] += v152;
+                        const float v153 = opgen_f16_to_f32(p_w[i86]);
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l52;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg126[l] = v162;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i81 = r82; i81 < d_D; i81++) {
-                    const float v158 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v159 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v160 = v158 * v159;
-                    const float v161 = l24;
-                    const float v162 = v161 / v7;
-                    const float v163 = v162 + v8;
-                    const float v164 = 1.0f / sqrtf(v163);
-                    const float v165 = v160 * v164;
-                    l10[i81] += v165;
-                    const float v166 = opgen_f16_to_f32(p_w[i81]);
-                    const float v167 = v158 * v166;
-                    const float v168 = v167 * v164;
-                    const float v169 = l26;
-                    const float v170 = v169 / v7;
-                    const float v171 = v170 * v164;
-                    const float v172 = v171 * v164;
-                    const float v173 = v172 * v164;
-                    const float v174 = v159 * v173;
-                    const float v175 = v168 - v174;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v175);
-                    const float v176 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v177 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v178 = v176 * v177;
-                    const float v179 = l50;
-                    const float v180 = v179 / v7;
-                    const float v181 = v180 + v8;
-                    const float v182 = 1.0f / sqrtf(v181);
-                    const float v183 = v178 * v182;
-                    l10[i81] += v183;
-                    const float v184 = opgen_f16_to_f32(p_w[i81]);
-                    const float v185 = v176 * v184;
-                    const float v186 = v185 * v182;
-                    const float v187 = l52;
-                    const float v188 = v187 / v7;
-                    const float v189 = v188 * v182;
-                    const float v190 = v189 * v182;
-                    const float v191 = v190 * v182;
-                    const float v192 = v177 * v191;
-                    const float v193 = v186 - v192;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v193);
+                for (int64_t i86 = r87; i86 < d_D; i86++) {
+                    const float v163 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v164 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i86] += v170;
+                    const float v171 = opgen_f16_to_f32(p_w[i86]);
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v180);
+                    const float v181 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v182 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v183 = v181 * v182;
+                    const float v184 = l50;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i86] += v188;
+                    const float v189 = opgen_f16_to_f32(p_w[i86]);
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l52;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v198);
                 }
             }
         }
-        for (int64_t i194 = v20; i194 < v13; i194++) {
-            float l195 = 0;
-            float l196 = 0;
-            float l197 = 0;
-            float l198 = 0;
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
+            float l202 = 0;
+            float l203 = 0;
             {
-                float lane200[32];
-                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
-                float lane201[32];
-                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
-                int64_t r202 = v1;
-                for (; r202 + 32 <= d_D; r202 += 32) {
+                float lane205[32];
+                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
+                float lane206[32];
+                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 32 <= d_D; r207 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i199 = r202 + l;
-                        const float v203 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v204 = v203 * v203;
-                        lane200[l] += v204;
-                        const float v205 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v206 = opgen_f16_to_f32(p_w[i199]);
-                        const float v207 = v205 * v206;
-                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v209 = v207 * v208;
-                        lane201[l] += v209;
-                    }
-                }
-                for (int l = 0; r202 + l < d_D; l++) {
-                    {
-                        const int64_t i199 = r202 + l;
-                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v211 = v210 * v210;
-                        lane200[l] += v211;
-                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v213 = opgen_f16_to_f32(p_w[i199]);
+                        const int64_t i204 = r207 + l;
+                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v211 = opgen_f16_to_f32(p_w[i204]);
+                        const float v212 = v210 * v211;
+                        const float v213 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v214 = v212 * v213;
-                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v216 = v214 * v215;
-                        lane201[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
-                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
-                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
-                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
-                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
-                l196 = lane200[0];
-                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
-                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
-                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
-                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
-                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
-                l198 = lane201[0];
-            }
-            const float v217 = l196;
-            l195 = v217;
-            const float v218 = l198;
-            l197 = v218;
-            const int64_t v219 = 1ll;
-            const int64_t v220 = i194 + v219;
-            const int64_t v221 = v13 - v219;
-            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
-            {
-                int64_t r224 = v1;
-                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
-                #pragma omp simd
-                for (int64_t i223 = r224; i223 < e225; i223++) {
-                    const float v226 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v227 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v228 = v226 * v227;
-                    const float v229 = l195;
-                    const float v230 = v229 / v7;
-                    const float v231 = v230 + v8;
-                    const float v232 = 1.0f / sqrtf(v231);
-                    const float v233 = v228 * v232;
-                    l10[i223] += v233;
-                    const float v234 = opgen_f16_to_f32(p_w[i223]);
-                    const float v235 = v226 * v234;
-                    const float v236 = v235 * v232;
-                    const float v237 = l197;
-                    const float v238 = v237 / v7;
-                    const float v239 = v238 * v232;
-                    const float v240 = v239 * v232;
-                    const float v241 = v240 * v232;
-                    const float v242 = v227 * v241;
-                    const float v243 = v236 - v242;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v243);
+                for (int l = 0; r207 + l < d_D; l++) {
+                    {
+                        const int64_t i204 = r207 + l;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v218 = opgen_f16_to_f32(p_w[i204]);
+                        const float v219 = v217 * v218;
+                        const float v220 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v221 = v219 * v220;
+                        lane206[l] += v221;
+                    }
                 }
-                r224 = e225;
-                for (; r224 + 32 <= d_D; r224 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
-                    _Alignas(64) float stg244[32];
+                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
+            }
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            {
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                #pragma omp simd
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v234 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = opgen_f16_to_f32(p_w[i230]);
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v250);
+                }
+                r231 = e232;
+                for (; r231 + 32 <= d_D; r231 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i223 = r224 + l; (void)i223;
-                        const float v245 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                        const float v246 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
-                        const float v247 = v245 * v246;
-                        const float v248 = l195;
-                        const float v249 = v248 / v7;
-                        const float v250 = v249 + v8;
-                        const float v251 = 1.0f / sqrtf(v250);
-                        const float v252 = v247 * v251;
-                        l10[i223] += v252;
-                        const float v253 = opgen_f16_to_f32(p_w[i223]);
-                        const float v254 = v245 * v253;
-                        const float v255 = v254 * v251;
-                        const float v256 = l197;
-                        const float v257 = v256 / v7;
-                        const float v258 = v257 * v251;
-                        const float v259 = v258 * v251;
-                        const float v260 = v259 * v251;
-                        const float v261 = v246 * v260;
-                        const float v262 = v255 - v261;
-                        stg244[l] = v262;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v252 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                        const float v253 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                        const float v254 = v252 * v253;
+                        const float v255 = l200;
+                        const float v256 = v255 / v7;
+                        const float v257 = v256 + v8;
+                        const float v258 = 1.0f / sqrtf(v257);
+                        const float v259 = v254 * v258;
+                        l10[i230] += v259;
+                        const float v260 = opgen_f16_to_f32(p_w[i230]);
+                        const float v261 = v252 * v260;
+                        const float v262 = v261 * v258;
+                        const float v263 = l202;
+                        const float v264 = v263 / v7;
+                        const float v265 = v264 * v258;
+                        const float v266 = v265 * v258;
+                        const float v267 = v266 * v258;
+                        const float v268 = v253 * v267;
+                        const float v269 = v262 - v268;
+                        stg251[l] = v269;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i223 = r224; i223 < d_D; i223++) {
-                    const float v263 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v264 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v265 = v263 * v264;
-                    const float v266 = l195;
-                    const float v267 = v266 / v7;
-                    const float v268 = v267 + v8;
-                    const float v269 = 1.0f / sqrtf(v268);
-                    const float v270 = v265 * v269;
-                    l10[i223] += v270;
-                    const float v271 = opgen_f16_to_f32(p_w[i223]);
-                    const float v272 = v263 * v271;
-                    const float v273 = v272 * v269;
-                    const float v274 = l197;
-                    const float v275 = v274 / v7;
-                    const float v276 = v275 * v269;
-                    const float v277 = v276 * v269;
-                    const float v278 = v277 * v269;
-                    const float v279 = v264 * v278;
-                    const float v280 = v273 - v279;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v280);
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v270 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v271 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v272 = v270 * v271;
+                    const float v273 = l200;
+                    const float v274 = v273 / v7;
+                    const float v275 = v274 + v8;
+                    const float v276 = 1.0f / sqrtf(v275);
+                    const float v277 = v272 * v276;
+                    l10[i230] += v277;
+                    const float v278 = opgen_f16_to_f32(p_w[i230]);
+                    const float v279 = v270 * v278;
+                    const float v280 = v279 * v276;
+                    const float v281 = l202;
+                    const float v282 = v281 / v7;
+                    const float v283 = v282 * v276;
+                    const float v284 = v283 * v276;
+                    const float v285 = v284 * v276;
+                    const float v286 = v271 * v285;
+                    const float v287 = v280 - v286;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v287);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i281 = v1; i281 < d_D; i281++) {
-            const float v282 = l10[i281];
-            t5[i9 * d_D + i281] = v282;
+        for (int64_t i288 = v1; i288 < d_D; i288++) {
+            const float v289 = l10[i288];
+            t5[i9 * d_D + i288] = v289;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v283 = 64ll;
-    const int64_t v284 = 0ll;
-    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v290 = 64ll;
+    const int64_t v291 = 0ll;
+    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i286 = v284; i286 < v285; i286++) {
-        const int64_t v287 = i286 * v283;
-        const int64_t v288 = d_D - v287;
-        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
-        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l290, sizeof(float) * (size_t)64ll);
-        const int64_t v291 = 2ll;
-        const int64_t v292 = 0ll;
-        const int64_t v293 = v4 - v1;
-        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
-        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
-        const int64_t v296 = v295 * v291;
-        const int64_t v297 = v1 + v296;
-        for (int64_t i298 = v292; i298 < v295; i298++) {
-            const int64_t v299 = i298 * v291;
-            const int64_t v300 = v1 + v299;
-            const int64_t v301 = 1ll;
-            const int64_t v302 = v300 + v301;
+    for (int64_t i293 = v291; i293 < v292; i293++) {
+        const int64_t v294 = i293 * v290;
+        const int64_t v295 = d_D - v294;
+        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
+        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l297, sizeof(float) * (size_t)64ll);
+        const int64_t v298 = 2ll;
+        const int64_t v299 = 0ll;
+        const int64_t v300 = v4 - v1;
+        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
+        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
+        const int64_t v303 = v302 * v298;
+        const int64_t v304 = v1 + v303;
+        for (int64_t i305 = v299; i305 < v302; i305++) {
+            const int64_t v306 = i305 * v298;
+            const int64_t v307 = v1 + v306;
+            const int64_t v308 = 1ll;
+            const int64_t v309 = v307 + v308;
             #pragma omp simd
-            for (int64_t i303 = v284; i303 < v289; i303++) {
-                const int64_t v304 = v287 + i303;
-                const float v305 = t5[v300 * d_D + v304];
-                l290[i303] += v305;
-                const int64_t v306 = v287 + i303;
-                const float v307 = t5[v302 * d_D + v306];
-                l290[i303] += v307;
+            for (int64_t i310 = v291; i310 < v296; i310++) {
+                const int64_t v311 = v294 + i310;
+                const float v312 = t5[v307 * d_D + v311];
+                l297[i310] += v312;
+                const int64_t v313 = v294 + i310;
+                const float v314 = t5[v309 * d_D + v313];
+                l297[i310] += v314;
             }
         }
-        for (int64_t i308 = v297; i308 < v4; i308++) {
+        for (int64_t i315 = v304; i315 < v4; i315++) {
             #pragma omp simd
-            for (int64_t i309 = v284; i309 < v289; i309++) {
-                const int64_t v310 = v287 + i309;
-                const float v311 = t5[i308 * d_D + v310];
-                l290[i309] += v311;
+            for (int64_t i316 = v291; i316 < v296; i316++) {
+                const int64_t v317 = v294 + i316;
+                const float v318 = t5[i315 * d_D + v317];
+                l297[i316] += v318;
             }
         }
-        for (int64_t i312 = v284; i312 < v289; i312++) {
-            const int64_t v313 = v287 + i312;
-            const float v314 = l290[i312];
-            p_grad_w[v313] = opgen_f32_to_f16(v314);
+        for (int64_t i319 = v291; i319 < v296; i319++) {
+            const int64_t v320 = v294 + i319;
+            const float v321 = l297[i319];
+            p_grad_w[v320] = opgen_f32_to_f16(v321);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1143,7 +1157,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1280,346 +1294,353 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             const float v73 = l53;
             l52 = v73;
             const int64_t v74 = 1ll;
-            const int64_t v75 = i21 + v74;
-            const int64_t v76 = v18 - v74;
-            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
-            const int64_t v78 = v77 * v14;
-            const int64_t v79 = v11 + v78;
-            const int64_t v80 = v79 + v48;
+            const int64_t v75 = 0ll;
+            const int64_t v76 = i21 + v74;
+            const int64_t v77 = v76 * v14;
+            const int64_t v78 = v11 + v77;
+            const int64_t v79 = d_N - v74;
+            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
+            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
+            const int64_t v82 = v78 + v48;
+            const int64_t v83 = d_N - v74;
+            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
+            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
             {
-                int64_t r82 = v1;
-                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(float)) : 0);
-                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
-                for (int64_t i81 = r82; i81 < e83; i81++) {
-                    const float v84 = p_grad_y[ro_grad_y[v23] + i81];
-                    const float v85 = p_x[ro_x[v23] + i81];
-                    const float v86 = v84 * v85;
-                    const float v87 = l24;
-                    const float v88 = v87 / v7;
-                    const float v89 = v88 + v8;
-                    const float v90 = 1.0f / sqrtf(v89);
-                    const float v91 = v86 * v90;
-                    l10[i81] += v91;
-                    const float v92 = p_w[i81 * st_w_0];
-                    const float v93 = v84 * v92;
-                    const float v94 = v93 * v90;
-                    const float v95 = l26;
-                    const float v96 = v95 / v7;
-                    const float v97 = v96 * v90;
-                    const float v98 = v97 * v90;
-                    const float v99 = v98 * v90;
-                    const float v100 = v85 * v99;
-                    const float v101 = v94 - v100;
-                    p_grad_x[ro_grad_x[v23] + i81] = v101;
-                    const float v102 = p_grad_y[ro_grad_y[v49] + i81];
-                    const float v103 = p_x[ro_x[v49] + i81];
-                    const float v104 = v102 * v103;
-                    const float v105 = l50;
-                    const float v106 = v105 / v7;
-                    const float v107 = v106 + v8;
-                    const float v108 = 1.0f / sqrtf(v107);
-                    const float v109 = v104 * v108;
-                    l10[i81] += v109;
-                    const float v110 = p_w[i81 * st_w_0];
-                    const float v111 = v102 * v110;
-                    const float v112 = v111 * v108;
-                    const float v113 = l52;
-                    const float v114 = v113 / v7;
-                    const float v115 = v114 * v108;
-                    const float v116 = v115 * v108;
-                    const float v117 = v116 * v108;
-                    const float v118 = v103 * v117;
-                    const float v119 = v112 - v118;
-                    p_grad_x[ro_grad_x[v49] + i81] = v119;
+                int64_t r87 = v1;
+                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(float)) : 0);
+                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
+                for (int64_t i86 = r87; i86 < e88; i86++) {
+                    const float v89 = p_grad_y[ro_grad_y[v23] + i86];
+                    const float v90 = p_x[ro_x[v23] + i86];
+                    const float v91 = v89 * v90;
+                    const float v92 = l24;
+                    const float v93 = v92 / v7;
+                    const float v94 = v93 + v8;
+                    const float v95 = 1.0f / sqrtf(v94);
+                    const float v96 = v91 * v95;
+                    l10[i86] += v96;
+                    const float v97 = p_w[i86 * st_w_0];
+                    const float v98 = v89 * v97;
+                    const float v99 = v98 * v95;
+                    const float v100 = l26;
+                    const float v101 = v100 / v7;
+                    const float v102 = v101 * v95;
+                    const float v103 = v102 * v95;
+                    const float v104 = v103 * v95;
+                    const float v105 = v90 * v104;
+                    const float v106 = v99 - v105;
+                    p_grad_x[ro_grad_x[v23] + i86] = v106;
+                    const float v107 = p_grad_y[ro_grad_y[v49] + i86];
+                    const float v108 = p_x[ro_x[v49] + i86];
+                    const float v109 = v107 * v108;
+                    const float v110 = l50;
+                    const float v111 = v110 / v7;
+                    const float v112 = v111 + v8;
+                    const float v113 = 1.0f / sqrtf(v112);
+                    const float v114 = v109 * v113;
+                    l10[i86] += v114;
+                    const float v115 = p_w[i86 * st_w_0];
+                    const float v116 = v107 * v115;
+                    const float v117 = v116 * v113;
+                    const float v118 = l52;
+                    const float v119 = v118 / v7;
+                    const float v120 = v119 * v113;
+                    const float v121 = v120 * v113;
+                    const float v122 = v121 * v113;
+                    const float v123 = v108 * v122;
+                    const float v124 = v117 - v123;
+                    p_grad_x[ro_grad_x[v49] + i86] = v124;
                 }
-                r82 = e83;
-                for (; r82 + 16 <= d_D; r82 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
-                    _Alignas(64) float stg120[16];
-                    _Alignas(64) float stg121[16];
+                r87 = e88;
+                for (; r87 + 16 <= d_D; r87 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
+                    _Alignas(64) float stg125[16];
+                    _Alignas(64) float stg126[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i81 = r82 + l; (void)i81;
-                        const float v122 = p_grad_y[ro_grad_y[v23] + i81];
-                        const float v123 = p_x[ro_x[v23] + i81];
-                        const float v124 = v122 * v123;
-                        const float v125 = l24;
-                        const float v126 = v125 / v7;
-                        const float v127 = v126 + v8;
-                        const float v128 = 1.0f / sqrtf(v127);
-                        const float v129 = v124 * v128;
-                        l10[i81] += v129;
-                        const float v130 = p_w[i81 * st_w_0];
-                        const float v131 = v122 * v130;
-                        const float v132 = v131 * v128;
-                        const float v133 = l26;
-                        const float v134 = v133 / v7;
-                        const float v135 = v134 * v128;
-                        const float v136 = v135 * v128;
-                        const float v137 = v136 * v128;
-                        const float v138 = v123 * v137;
-                        const float v139 = v132 - v138;
-                        stg120[l] = v139;
-                        const float v140 = p_grad_y[ro_grad_y[v49] + i81];
-                        const float v141 = p_x[ro_x[v49] + i81];
-                        const float v142 = v140 * v141;
-                        const float v143 = l50;
-                        const float v144 = v143 / v7;
-                        const float v145 = v144 + v8;
-                        const float v146 = 1.0f / sqrtf(v145);
-                        const float v147 = v142 * v146;
-                        l10[i81] += v147;
-                        const float v148 = p_w[i81 * st_w_0];
-                        const float v149 = v140 * v148;
-                        const float v150 = v149 * v146;
-                        const float v151 = l52;
-                        const float v152 = v151 / v7;
-                        const float v153 = v152 * v146;
-                        const float v154 = v153 * v146;
-                        const float v155 = v154 * v146;
-                        const float v156 = v141 * v155;
-                        const float v157 = v150 - v156;
-                        stg121[l] = v157;
+                        const int64_t i86 = r87 + l; (void)i86;
+                        const float v127 = p_grad_y[ro_grad_y[v23] + i86];
+                        const float v128 = p_x[ro_x[v23] + i86];
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i86] += v134;
+                        const float v135 = p_w[i86 * st_w_0];
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg125[l] = v144;
+                        const float v145 = p_grad_y[ro_grad_y[v49] + i86];
+                        const float v146 = p_x[ro_x[v49] + i86];
+                        const float v147 = v145 * v146;
+                        const float v148 = l50;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i86] += v152;
+                        const float v153 = p_w[i86 * st_w_0];
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l52;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg126[l] = v162;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 16, nt_p_grad_x);
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 16, nt_p_grad_x);
                 }
-                for (int64_t i81 = r82; i81 < d_D; i81++) {
-                    const float v158 = p_grad_y[ro_grad_y[v23] + i81];
-                    const float v159 = p_x[ro_x[v23] + i81];
-                    const float v160 = v158 * v159;
-                    const float v161 = l24;
-                    const float v162 = v161 / v7;
-                    const float v163 = v162 + v8;
-                    const float v164 = 1.0f / sqrtf(v163);
-                    const float v165 = v160 * v164;
-                    l10[i81] += v165;
-                    const float v166 = p_w[i81 * st_w_0];
-                    const float v167 = v158 * v166;
-                    const float v168 = v167 * v164;
-                    const float v169 = l26;
-                    const float v170 = v169 / v7;
-                    const float v171 = v170 * v164;
-                    const float v172 = v171 * v164;
-                    const float v173 = v172 * v164;
-                    const float v174 = v159 * v173;
-                    const float v175 = v168 - v174;
-                    p_grad_x[ro_grad_x[v23] + i81] = v175;
-                    const float v176 = p_grad_y[ro_grad_y[v49] + i81];
-                    const float v177 = p_x[ro_x[v49] + i81];
-                    const float v178 = v176 * v177;
-                    const float v179 = l50;
-                    const float v180 = v179 / v7;
-                    const float v181 = v180 + v8;
-                    const float v182 = 1.0f / sqrtf(v181);
-                    const float v183 = v178 * v182;
-                    l10[i81] += v183;
-                    const float v184 = p_w[i81 * st_w_0];
-                    const float v185 = v176 * v184;
-                    const float v186 = v185 * v182;
-                    const float v187 = l52;
-                    const float v188 = v187 / v7;
-                    const float v189 = v188 * v182;
-                    const float v190 = v189 * v182;
-                    const float v191 = v190 * v182;
-                    const float v192 = v177 * v191;
-                    const float v193 = v186 - v192;
-                    p_grad_x[ro_grad_x[v49] + i81] = v193;
+                for (int64_t i86 = r87; i86 < d_D; i86++) {
+                    const float v163 = p_grad_y[ro_grad_y[v23] + i86];
+                    const float v164 = p_x[ro_x[v23] + i86];
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i86] += v170;
+                    const float v171 = p_w[i86 * st_w_0];
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i86] = v180;
+                    const float v181 = p_grad_y[ro_grad_y[v49] + i86];
+                    const float v182 = p_x[ro_x[v49] + i86];
+                    const float v183 = v181 * v182;
+                    const float v184 = l50;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i86] += v188;
+                    const float v189 = p_w[i86 * st_w_0];
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l52;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v49] + i86] = v198;
                 }
             }
         }
-        for (int64_t i194 = v20; i194 < v13; i194++) {
-            float l195 = 0;
-            float l196 = 0;
-            float l197 = 0;
-            float l198 = 0;
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
+            float l202 = 0;
+            float l203 = 0;
             {
-                float lane200[16];
-                for (int l = 0; l < 16; l++) lane200[l] = l ? 0 : l196;
-                float lane201[16];
-                for (int l = 0; l < 16; l++) lane201[l] = l ? 0 : l198;
-                int64_t r202 = v1;
-                for (; r202 + 16 <= d_D; r202 += 16) {
+                float lane205[16];
+                for (int l = 0; l < 16; l++) lane205[l] = l ? 0 : l201;
+                float lane206[16];
+                for (int l = 0; l < 16; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 16 <= d_D; r207 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i199 = r202 + l;
-                        const float v203 = p_x[ro_x[i194] + i199];
-                        const float v204 = v203 * v203;
-                        lane200[l] += v204;
-                        const float v205 = p_grad_y[ro_grad_y[i194] + i199];
-                        const float v206 = p_w[i199 * st_w_0];
-                        const float v207 = v205 * v206;
-                        const float v208 = p_x[ro_x[i194] + i199];
-                        const float v209 = v207 * v208;
-                        lane201[l] += v209;
-                    }
-                }
-                for (int l = 0; r202 + l < d_D; l++) {
-                    {
-                        const int64_t i199 = r202 + l;
-                        const float v210 = p_x[ro_x[i194] + i199];
-                        const float v211 = v210 * v210;
-                        lane200[l] += v211;
-                        const float v212 = p_grad_y[ro_grad_y[i194] + i199];
-                        const float v213 = p_w[i199 * st_w_0];
+                        const int64_t i204 = r207 + l;
+                        const float v208 = p_x[ro_x[i199] + i204];
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = p_grad_y[ro_grad_y[i199] + i204];
+                        const float v211 = p_w[i204 * st_w_0];
+                        const float v212 = v210 * v211;
+                        const float v213 = p_x[ro_x[i199] + i204];
                         const float v214 = v212 * v213;
-                        const float v215 = p_x[ro_x[i194] + i199];
-                        const float v216 = v214 * v215;
-                        lane201[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
-                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
-                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
-                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
-                l196 = lane200[0];
-                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
-                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
-                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
-                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
-                l198 = lane201[0];
+                for (int l = 0; r207 + l < d_D; l++) {
+                    {
+                        const int64_t i204 = r207 + l;
+                        const float v215 = p_x[ro_x[i199] + i204];
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = p_grad_y[ro_grad_y[i199] + i204];
+                        const float v218 = p_w[i204 * st_w_0];
+                        const float v219 = v217 * v218;
+                        const float v220 = p_x[ro_x[i199] + i204];
+                        const float v221 = v219 * v220;
+                        lane206[l] += v221;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
             }
-            const float v217 = l196;
-            l195 = v217;
-            const float v218 = l198;
-            l197 = v218;
-            const int64_t v219 = 1ll;
-            const int64_t v220 = i194 + v219;
-            const int64_t v221 = v13 - v219;
-            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
             {
-                int64_t r224 = v1;
-                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(float)) : 0);
-                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
-                for (int64_t i223 = r224; i223 < e225; i223++) {
-                    const float v226 = p_grad_y[ro_grad_y[i194] + i223];
-                    const float v227 = p_x[ro_x[i194] + i223];
-                    const float v228 = v226 * v227;
-                    const float v229 = l195;
-                    const float v230 = v229 / v7;
-                    const float v231 = v230 + v8;
-                    const float v232 = 1.0f / sqrtf(v231);
-                    const float v233 = v228 * v232;
-                    l10[i223] += v233;
-                    const float v234 = p_w[i223 * st_w_0];
-                    const float v235 = v226 * v234;
-                    const float v236 = v235 * v232;
-                    const float v237 = l197;
-                    const float v238 = v237 / v7;
-                    const float v239 = v238 * v232;
-                    const float v240 = v239 * v232;
-                    const float v241 = v240 * v232;
-                    const float v242 = v227 * v241;
-                    const float v243 = v236 - v242;
-                    p_grad_x[ro_grad_x[i194] + i223] = v243;
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(float)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = p_grad_y[ro_grad_y[i199] + i230];
+                    const float v234 = p_x[ro_x[i199] + i230];
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = p_w[i230 * st_w_0];
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = v250;
                 }
-                r224 = e225;
-                for (; r224 + 16 <= d_D; r224 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
-                    _Alignas(64) float stg244[16];
+                r231 = e232;
+                for (; r231 + 16 <= d_D; r231 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i223 = r224 + l; (void)i223;
-                        const float v245 = p_grad_y[ro_grad_y[i194] + i223];
-                        const float v246 = p_x[ro_x[i194] + i223];
-                        const float v247 = v245 * v246;
-                        const float v248 = l195;
-                        const float v249 = v248 / v7;
-                        const float v250 = v249 + v8;
-                        const float v251 = 1.0f / sqrtf(v250);
-                        const float v252 = v247 * v251;
-                        l10[i223] += v252;
-                        const float v253 = p_w[i223 * st_w_0];
-                        const float v254 = v245 * v253;
-                        const float v255 = v254 * v251;
-                        const float v256 = l197;
-                        const float v257 = v256 / v7;
-                        const float v258 = v257 * v251;
-                        const float v259 = v258 * v251;
-                        const float v260 = v259 * v251;
-                        const float v261 = v246 * v260;
-                        const float v262 = v255 - v261;
-                        stg244[l] = v262;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v252 = p_grad_y[ro_grad_y[i199] + i230];
+                        const float v253 = p_x[ro_x[i199] + i230];
+                        const float v254 = v252 * v253;
+                        const float v255 = l200;
+                        const float v256 = v255 / v7;
+                        const float v257 = v256 + v8;
+                        const float v258 = 1.0f / sqrtf(v257);
+                        const float v259 = v254 * v258;
+                        l10[i230] += v259;
+                        const float v260 = p_w[i230 * st_w_0];
+                        const float v261 = v252 * v260;
+                        const float v262 = v261 * v258;
+                        const float v263 = l202;
+                        const float v264 = v263 / v7;
+                        const float v265 = v264 * v258;
+                        const float v266 = v265 * v258;
+                        const float v267 = v266 * v258;
+                        const float v268 = v253 * v267;
+                        const float v269 = v262 - v268;
+                        stg251[l] = v269;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 16, nt_p_grad_x);
                 }
-                for (int64_t i223 = r224; i223 < d_D; i223++) {
-                    const float v263 = p_grad_y[ro_grad_y[i194] + i223];
-                    const float v264 = p_x[ro_x[i194] + i223];
-                    const float v265 = v263 * v264;
-                    const float v266 = l195;
-                    const float v267 = v266 / v7;
-                    const float v268 = v267 + v8;
-                    const float v269 = 1.0f / sqrtf(v268);
-                    const float v270 = v265 * v269;
-                    l10[i223] += v270;
-                    const float v271 = p_w[i223 * st_w_0];
-                    const float v272 = v263 * v271;
-                    const float v273 = v272 * v269;
-                    const float v274 = l197;
-                    const float v275 = v274 / v7;
-                    const float v276 = v275 * v269;
-                    const float v277 = v276 * v269;
-                    const float v278 = v277 * v269;
-                    const float v279 = v264 * v278;
-                    const float v280 = v273 - v279;
-                    p_grad_x[ro_grad_x[i194] + i223] = v280;
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v270 = p_grad_y[ro_grad_y[i199] + i230];
+                    const float v271 = p_x[ro_x[i199] + i230];
+                    const float v272 = v270 * v271;
+                    const float v273 = l200;
+                    const float v274 = v273 / v7;
+                    const float v275 = v274 + v8;
+                    const float v276 = 1.0f / sqrtf(v275);
+                    const float v277 = v272 * v276;
+                    l10[i230] += v277;
+                    const float v278 = p_w[i230 * st_w_0];
+                    const float v279 = v270 * v278;
+                    const float v280 = v279 * v276;
+                    const float v281 = l202;
+                    const float v282 = v281 / v7;
+                    const float v283 = v282 * v276;
+                    const float v284 = v283 * v276;
+                    const float v285 = v284 * v276;
+                    const float v286 = v271 * v285;
+                    const float v287 = v280 - v286;
+                    p_grad_x[ro_grad_x[i199] + i230] = v287;
                 }
             }
         }
-        for (int64_t i281 = v1; i281 < d_D; i281++) {
-            const float v282 = l10[i281];
-            t5[i9 * d_D + i281] = v282;
+        for (int64_t i288 = v1; i288 < d_D; i288++) {
+            const float v289 = l10[i288];
+            t5[i9 * d_D + i288] = v289;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v283 = 64ll;
-    const int64_t v284 = 0ll;
-    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v290 = 64ll;
+    const int64_t v291 = 0ll;
+    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i286 = v284; i286 < v285; i286++) {
-        const int64_t v287 = i286 * v283;
-        const int64_t v288 = d_D - v287;
-        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
-        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l290, sizeof(float) * (size_t)64ll);
-        const int64_t v291 = 2ll;
-        const int64_t v292 = 0ll;
-        const int64_t v293 = v4 - v1;
-        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
-        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
-        const int64_t v296 = v295 * v291;
-        const int64_t v297 = v1 + v296;
-        for (int64_t i298 = v292; i298 < v295; i298++) {
-            const int64_t v299 = i298 * v291;
-            const int64_t v300 = v1 + v299;
-            const int64_t v301 = 1ll;
-            const int64_t v302 = v300 + v301;
-            for (int64_t i303 = v284; i303 < v289; i303++) {
-                const int64_t v304 = v287 + i303;
-                const float v305 = t5[v300 * d_D + v304];
-                l290[i303] += v305;
-                const int64_t v306 = v287 + i303;
-                const float v307 = t5[v302 * d_D + v306];
-                l290[i303] += v307;
+    for (int64_t i293 = v291; i293 < v292; i293++) {
+        const int64_t v294 = i293 * v290;
+        const int64_t v295 = d_D - v294;
+        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
+        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l297, sizeof(float) * (size_t)64ll);
+        const int64_t v298 = 2ll;
+        const int64_t v299 = 0ll;
+        const int64_t v300 = v4 - v1;
+        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
+        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
+        const int64_t v303 = v302 * v298;
+        const int64_t v304 = v1 + v303;
+        for (int64_t i305 = v299; i305 < v302; i305++) {
+            const int64_t v306 = i305 * v298;
+            const int64_t v307 = v1 + v306;
+            const int64_t v308 = 1ll;
+            const int64_t v309 = v307 + v308;
+            for (int64_t i310 = v291; i310 < v296; i310++) {
+                const int64_t v311 = v294 + i310;
+                const float v312 = t5[v307 * d_D + v311];
+                l297[i310] += v312;
+                const int64_t v313 = v294 + i310;
+                const float v314 = t5[v309 * d_D + v313];
+                l297[i310] += v314;
             }
         }
-        for (int64_t i308 = v297; i308 < v4; i308++) {
-            for (int64_t i309 = v284; i309 < v289; i309++) {
-                const int64_t v310 = v287 + i309;
-                const float v311 = t5[i308 * d_D + v310];
-                l290[i309] += v311;
+        for (int64_t i315 = v304; i315 < v4; i315++) {
+            for (int64_t i316 = v291; i316 < v296; i316++) {
+                const int64_t v317 = v294 + i316;
+                const float v318 = t5[i315 * d_D + v317];
+                l297[i316] += v318;
             }
         }
-        for (int64_t i312 = v284; i312 < v289; i312++) {
-            const int64_t v313 = v287 + i312;
-            const float v314 = l290[i312];
-            p_grad_w[v313 * st_grad_w_0] = v314;
+        for (int64_t i319 = v291; i319 < v296; i319++) {
+            const int64_t v320 = v294 + i319;
+            const float v321 = l297[i319];
+            p_grad_w[v320 * st_grad_w_0] = v321;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1650,7 +1671,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1787,355 +1808,362 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             const float v73 = l53;
             l52 = v73;
             const int64_t v74 = 1ll;
-            const int64_t v75 = i21 + v74;
-            const int64_t v76 = v18 - v74;
-            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
-            const int64_t v78 = v77 * v14;
-            const int64_t v79 = v11 + v78;
-            const int64_t v80 = v79 + v48;
+            const int64_t v75 = 0ll;
+            const int64_t v76 = i21 + v74;
+            const int64_t v77 = v76 * v14;
+            const int64_t v78 = v11 + v77;
+            const int64_t v79 = d_N - v74;
+            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
+            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
+            const int64_t v82 = v78 + v48;
+            const int64_t v83 = d_N - v74;
+            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
+            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
             {
-                int64_t r82 = v1;
-                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(float)) : 0);
-                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                int64_t r87 = v1;
+                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(float)) : 0);
+                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
                 #pragma omp simd
-                for (int64_t i81 = r82; i81 < e83; i81++) {
-                    const float v84 = p_grad_y[ro_grad_y[v23] + i81];
-                    const float v85 = p_x[ro_x[v23] + i81];
-                    const float v86 = v84 * v85;
-                    const float v87 = l24;
-                    const float v88 = v87 / v7;
-                    const float v89 = v88 + v8;
-                    const float v90 = 1.0f / sqrtf(v89);
-                    const float v91 = v86 * v90;
-                    l10[i81] += v91;
-                    const float v92 = p_w[i81];
-                    const float v93 = v84 * v92;
-                    const float v94 = v93 * v90;
-                    const float v95 = l26;
-                    const float v96 = v95 / v7;
-                    const float v97 = v96 * v90;
-                    const float v98 = v97 * v90;
-                    const float v99 = v98 * v90;
-                    const float v100 = v85 * v99;
-                    const float v101 = v94 - v100;
-                    p_grad_x[ro_grad_x[v23] + i81] = v101;
-                    const float v102 = p_grad_y[ro_grad_y[v49] + i81];
-                    const float v103 = p_x[ro_x[v49] + i81];
-                    const float v104 = v102 * v103;
-                    const float v105 = l50;
-                    const float v106 = v105 / v7;
-                    const float v107 = v106 + v8;
-                    const float v108 = 1.0f / sqrtf(v107);
-                    const float v109 = v104 * v108;
-                    l10[i81] += v109;
-                    const float v110 = p_w[i81];
-                    const float v111 = v102 * v110;
-                    const float v112 = v111 * v108;
-                    const float v113 = l52;
-                    const float v114 = v113 / v7;
-                    const float v115 = v114 * v108;
-                    const float v116 = v115 * v108;
-                    const float v117 = v116 * v108;
-                    const float v118 = v103 * v117;
-                    const float v119 = v112 - v118;
-                    p_grad_x[ro_grad_x[v49] + i81] = v119;
+                for (int64_t i86 = r87; i86 < e88; i86++) {
+                    const float v89 = p_grad_y[ro_grad_y[v23] + i86];
+                    const float v90 = p_x[ro_x[v23] + i86];
+                    const float v91 = v89 * v90;
+                    const float v92 = l24;
+                    const float v93 = v92 / v7;
+                    const float v94 = v93 + v8;
+                    const float v95 = 1.0f / sqrtf(v94);
+                    const float v96 = v91 * v95;
+                    l10[i86] += v96;
+                    const float v97 = p_w[i86];
+                    const float v98 = v89 * v97;
+                    const float v99 = v98 * v95;
+                    const float v100 = l26;
+                    const float v101 = v100 / v7;
+                    const float v102 = v101 * v95;
+                    const float v103 = v102 * v95;
+                    const float v104 = v103 * v95;
+                    const float v105 = v90 * v104;
+                    const float v106 = v99 - v105;
+                    p_grad_x[ro_grad_x[v23] + i86] = v106;
+                    const float v107 = p_grad_y[ro_grad_y[v49] + i86];
+                    const float v108 = p_x[ro_x[v49] + i86];
+                    const float v109 = v107 * v108;
+                    const float v110 = l50;
+                    const float v111 = v110 / v7;
+                    const float v112 = v111 + v8;
+                    const float v113 = 1.0f / sqrtf(v112);
+                    const float v114 = v109 * v113;
+                    l10[i86] += v114;
+                    const float v115 = p_w[i86];
+                    const float v116 = v107 * v115;
+                    const float v117 = v116 * v113;
+                    const float v118 = l52;
+                    const float v119 = v118 / v7;
+                    const float v120 = v119 * v113;
+                    const float v121 = v120 * v113;
+                    const float v122 = v121 * v113;
+                    const float v123 = v108 * v122;
+                    const float v124 = v117 - v123;
+                    p_grad_x[ro_grad_x[v49] + i86] = v124;
                 }
-                r82 = e83;
-                for (; r82 + 16 <= d_D; r82 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
-                    _Alignas(64) float stg120[16];
-                    _Alignas(64) float stg121[16];
+                r87 = e88;
+                for (; r87 + 16 <= d_D; r87 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
+                    _Alignas(64) float stg125[16];
+                    _Alignas(64) float stg126[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i81 = r82 + l; (void)i81;
-                        const float v122 = p_grad_y[ro_grad_y[v23] + i81];
-                        const float v123 = p_x[ro_x[v23] + i81];
-                        const float v124 = v122 * v123;
-                        const float v125 = l24;
-                        const float v126 = v125 / v7;
-                        const float v127 = v126 + v8;
-                        const float v128 = 1.0f / sqrtf(v127);
-                        const float v129 = v124 * v128;
-                        l10[i81] += v129;
-                        const float v130 = p_w[i81];
-                        const float v131 = v122 * v130;
-                        const float v132 = v131 * v128;
-                        const float v133 = l26;
-                        const float v134 = v133 / v7;
-                        const float v135 = v134 * v128;
-                        const float v136 = v135 * v128;
-                        const float v137 = v136 * v128;
-                        const float v138 = v123 * v137;
-                        const float v139 = v132 - v138;
-                        stg120[l] = v139;
-                        const float v140 = p_grad_y[ro_grad_y[v49] + i81];
-                        const float v141 = p_x[ro_x[v49] + i81];
-                        const float v142 = v140 * v141;
-                        const float v143 = l50;
-                        const float v144 = v143 / v7;
-                        const float v145 = v144 + v8;
-                        const float v146 = 1.0f / sqrtf(v145);
-                        const float v147 = v142 * v146;
-                        l10[i81] += v147;
-                        const float v148 = p_w[i81];
-                        const float v149 = v140 * v148;
-                        const float v150 = v149 * v146;
-                        const float v151 = l52;
-                        const float v152 = v151 / v7;
-                        const float v153 = v152 * v146;
-                        const float v154 = v153 * v146;
-                        const float v155 = v154 * v146;
-                        const float v156 = v141 * v155;
-                        const float v157 = v150 - v156;
-                        stg121[l] = v157;
+                        const int64_t i86 = r87 + l; (void)i86;
+                        const float v127 = p_grad_y[ro_grad_y[v23] + i86];
+                        const float v128 = p_x[ro_x[v23] + i86];
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i86] += v134;
+                        const float v135 = p_w[i86];
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg125[l] = v144;
+                        const float v145 = p_grad_y[ro_grad_y[v49] + i86];
+                        const float v146 = p_x[ro_x[v49] + i86];
+                        const float v147 = v145 * v146;
+                        const float v148 = l50;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i86] += v152;
+                        const float v153 = p_w[i86];
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l52;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg126[l] = v162;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 16, nt_p_grad_x);
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 16, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i81 = r82; i81 < d_D; i81++) {
-                    const float v158 = p_grad_y[ro_grad_y[v23] + i81];
-                    const float v159 = p_x[ro_x[v23] + i81];
-                    const float v160 = v158 * v159;
-                    const float v161 = l24;
-                    const float v162 = v161 / v7;
-                    const float v163 = v162 + v8;
-                    const float v164 = 1.0f / sqrtf(v163);
-                    const float v165 = v160 * v164;
-                    l10[i81] += v165;
-                    const float v166 = p_w[i81];
-                    const float v167 = v158 * v166;
-                    const float v168 = v167 * v164;
-                    const float v169 = l26;
-                    const float v170 = v169 / v7;
-                    const float v171 = v170 * v164;
-                    const float v172 = v171 * v164;
-                    const float v173 = v172 * v164;
-                    const float v174 = v159 * v173;
-                    const float v175 = v168 - v174;
-                    p_grad_x[ro_grad_x[v23] + i81] = v175;
-                    const float v176 = p_grad_y[ro_grad_y[v49] + i81];
-                    const float v177 = p_x[ro_x[v49] + i81];
-                    const float v178 = v176 * v177;
-                    const float v179 = l50;
-                    const float v180 = v179 / v7;
-                    const float v181 = v180 + v8;
-                    const float v182 = 1.0f / sqrtf(v181);
-                    const float v183 = v178 * v182;
-                    l10[i81] += v183;
-                    const float v184 = p_w[i81];
-                    const float v185 = v176 * v184;
-                    const float v186 = v185 * v182;
-                    const float v187 = l52;
-                    const float v188 = v187 / v7;
-                    const float v189 = v188 * v182;
-                    const float v190 = v189 * v182;
-                    const float v191 = v190 * v182;
-                    const float v192 = v177 * v191;
-                    const float v193 = v186 - v192;
-                    p_grad_x[ro_grad_x[v49] + i81] = v193;
+                for (int64_t i86 = r87; i86 < d_D; i86++) {
+                    const float v163 = p_grad_y[ro_grad_y[v23] + i86];
+                    const float v164 = p_x[ro_x[v23] + i86];
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i86] += v170;
+                    const float v171 = p_w[i86];
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i86] = v180;
+                    const float v181 = p_grad_y[ro_grad_y[v49] + i86];
+                    const float v182 = p_x[ro_x[v49] + i86];
+                    const float v183 = v181 * v182;
+                    const float v184 = l50;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i86] += v188;
+                    const float v189 = p_w[i86];
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l52;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v49] + i86] = v198;
                 }
             }
         }
-        for (int64_t i194 = v20; i194 < v13; i194++) {
-            float l195 = 0;
-            float l196 = 0;
-            float l197 = 0;
-            float l198 = 0;
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
+            float l202 = 0;
+            float l203 = 0;
             {
-                float lane200[16];
-                for (int l = 0; l < 16; l++) lane200[l] = l ? 0 : l196;
-                float lane201[16];
-                for (int l = 0; l < 16; l++) lane201[l] = l ? 0 : l198;
-                int64_t r202 = v1;
-                for (; r202 + 16 <= d_D; r202 += 16) {
+                float lane205[16];
+                for (int l = 0; l < 16; l++) lane205[l] = l ? 0 : l201;
+                float lane206[16];
+                for (int l = 0; l < 16; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 16 <= d_D; r207 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i199 = r202 + l;
-                        const float v203 = p_x[ro_x[i194] + i199];
-                        const float v204 = v203 * v203;
-                        lane200[l] += v204;
-                        const float v205 = p_grad_y[ro_grad_y[i194] + i199];
-                        const float v206 = p_w[i199];
-                        const float v207 = v205 * v206;
-                        const float v208 = p_x[ro_x[i194] + i199];
-                        const float v209 = v207 * v208;
-                        lane201[l] += v209;
-                    }
-                }
-                for (int l = 0; r202 + l < d_D; l++) {
-                    {
-                        const int64_t i199 = r202 + l;
-                        const float v210 = p_x[ro_x[i194] + i199];
-                        const float v211 = v210 * v210;
-                        lane200[l] += v211;
-                        const float v212 = p_grad_y[ro_grad_y[i194] + i199];
-                        const float v213 = p_w[i199];
+                        const int64_t i204 = r207 + l;
+                        const float v208 = p_x[ro_x[i199] + i204];
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = p_grad_y[ro_grad_y[i199] + i204];
+                        const float v211 = p_w[i204];
+                        const float v212 = v210 * v211;
+                        const float v213 = p_x[ro_x[i199] + i204];
                         const float v214 = v212 * v213;
-                        const float v215 = p_x[ro_x[i194] + i199];
-                        const float v216 = v214 * v215;
-                        lane201[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
-                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
-                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
-                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
-                l196 = lane200[0];
-                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
-                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
-                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
-                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
-                l198 = lane201[0];
-            }
-            const float v217 = l196;
-            l195 = v217;
-            const float v218 = l198;
-            l197 = v218;
-            const int64_t v219 = 1ll;
-            const int64_t v220 = i194 + v219;
-            const int64_t v221 = v13 - v219;
-            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
-            {
-                int64_t r224 = v1;
-                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(float)) : 0);
-                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
-                #pragma omp simd
-                for (int64_t i223 = r224; i223 < e225; i223++) {
-                    const float v226 = p_grad_y[ro_grad_y[i194] + i223];
-                    const float v227 = p_x[ro_x[i194] + i223];
-                    const float v228 = v226 * v227;
-                    const float v229 = l195;
-                    const float v230 = v229 / v7;
-                    const float v231 = v230 + v8;
-                    const float v232 = 1.0f / sqrtf(v231);
-                    const float v233 = v228 * v232;
-                    l10[i223] += v233;
-                    const float v234 = p_w[i223];
-                    const float v235 = v226 * v234;
-                    const float v236 = v235 * v232;
-                    const float v237 = l197;
-                    const float v238 = v237 / v7;
-                    const float v239 = v238 * v232;
-                    const float v240 = v239 * v232;
-                    const float v241 = v240 * v232;
-                    const float v242 = v227 * v241;
-                    const float v243 = v236 - v242;
-                    p_grad_x[ro_grad_x[i194] + i223] = v243;
+                for (int l = 0; r207 + l < d_D; l++) {
+                    {
+                        const int64_t i204 = r207 + l;
+                        const float v215 = p_x[ro_x[i199] + i204];
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = p_grad_y[ro_grad_y[i199] + i204];
+                        const float v218 = p_w[i204];
+                        const float v219 = v217 * v218;
+                        const float v220 = p_x[ro_x[i199] + i204];
+                        const float v221 = v219 * v220;
+                        lane206[l] += v221;
+                    }
                 }
-                r224 = e225;
-                for (; r224 + 16 <= d_D; r224 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
-                    _Alignas(64) float stg244[16];
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
+            }
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            {
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(float)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                #pragma omp simd
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = p_grad_y[ro_grad_y[i199] + i230];
+                    const float v234 = p_x[ro_x[i199] + i230];
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = p_w[i230];
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = v250;
+                }
+                r231 = e232;
+                for (; r231 + 16 <= d_D; r231 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i223 = r224 + l; (void)i223;
-                        const float v245 = p_grad_y[ro_grad_y[i194] + i223];
-                        const float v246 = p_x[ro_x[i194] + i223];
-                        const float v247 = v245 * v246;
-                        const float v248 = l195;
-                        const float v249 = v248 / v7;
-                        const float v250 = v249 + v8;
-                        const float v251 = 1.0f / sqrtf(v250);
-                        const float v252 = v247 * v251;
-                        l10[i223] += v252;
-                        const float v253 = p_w[i223];
-                        const float v254 = v245 * v253;
-                        const float v255 = v254 * v251;
-                        const float v256 = l197;
-                        const float v257 = v256 / v7;
-                        const float v258 = v257 * v251;
-                        const float v259 = v258 * v251;
-                        const float v260 = v259 * v251;
-                        const float v261 = v246 * v260;
-                        const float v262 = v255 - v261;
-                        stg244[l] = v262;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v252 = p_grad_y[ro_grad_y[i199] + i230];
+                        const float v253 = p_x[ro_x[i199] + i230];
+                        const float v254 = v252 * v253;
+                        const float v255 = l200;
+                        const float v256 = v255 / v7;
+                        const float v257 = v256 + v8;
+                        const float v258 = 1.0f / sqrtf(v257);
+                        const float v259 = v254 * v258;
+                        l10[i230] += v259;
+                        const float v260 = p_w[i230];
+                        const float v261 = v252 * v260;
+                        const float v262 = v261 * v258;
+                        const float v263 = l202;
+                        const float v264 = v263 / v7;
+                        const float v265 = v264 * v258;
+                        const float v266 = v265 * v258;
+                        const float v267 = v266 * v258;
+                        const float v268 = v253 * v267;
+                        const float v269 = v262 - v268;
+                        stg251[l] = v269;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 16, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i223 = r224; i223 < d_D; i223++) {
-                    const float v263 = p_grad_y[ro_grad_y[i194] + i223];
-                    const float v264 = p_x[ro_x[i194] + i223];
-                    const float v265 = v263 * v264;
-                    const float v266 = l195;
-                    const float v267 = v266 / v7;
-                    const float v268 = v267 + v8;
-                    const float v269 = 1.0f / sqrtf(v268);
-                    const float v270 = v265 * v269;
-                    l10[i223] += v270;
-                    const float v271 = p_w[i223];
-                    const float v272 = v263 * v271;
-                    const float v273 = v272 * v269;
-                    const float v274 = l197;
-                    const float v275 = v274 / v7;
-                    const float v276 = v275 * v269;
-                    const float v277 = v276 * v269;
-                    const float v278 = v277 * v269;
-                    const float v279 = v264 * v278;
-                    const float v280 = v273 - v279;
-                    p_grad_x[ro_grad_x[i194] + i223] = v280;
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v270 = p_grad_y[ro_grad_y[i199] + i230];
+                    const float v271 = p_x[ro_x[i199] + i230];
+                    const float v272 = v270 * v271;
+                    const float v273 = l200;
+                    const float v274 = v273 / v7;
+                    const float v275 = v274 + v8;
+                    const float v276 = 1.0f / sqrtf(v275);
+                    const float v277 = v272 * v276;
+                    l10[i230] += v277;
+                    const float v278 = p_w[i230];
+                    const float v279 = v270 * v278;
+                    const float v280 = v279 * v276;
+                    const float v281 = l202;
+                    const float v282 = v281 / v7;
+                    const float v283 = v282 * v276;
+                    const float v284 = v283 * v276;
+                    const float v285 = v284 * v276;
+                    const float v286 = v271 * v285;
+                    const float v287 = v280 - v286;
+                    p_grad_x[ro_grad_x[i199] + i230] = v287;
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i281 = v1; i281 < d_D; i281++) {
-            const float v282 = l10[i281];
-            t5[i9 * d_D + i281] = v282;
+        for (int64_t i288 = v1; i288 < d_D; i288++) {
+            const float v289 = l10[i288];
+            t5[i9 * d_D + i288] = v289;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v283 = 64ll;
-    const int64_t v284 = 0ll;
-    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v290 = 64ll;
+    const int64_t v291 = 0ll;
+    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i286 = v284; i286 < v285; i286++) {
-        const int64_t v287 = i286 * v283;
-        const int64_t v288 = d_D - v287;
-        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
-        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l290, sizeof(float) * (size_t)64ll);
-        const int64_t v291 = 2ll;
-        const int64_t v292 = 0ll;
-        const int64_t v293 = v4 - v1;
-        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
-        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
-        const int64_t v296 = v295 * v291;
-        const int64_t v297 = v1 + v296;
-        for (int64_t i298 = v292; i298 < v295; i298++) {
-            const int64_t v299 = i298 * v291;
-            const int64_t v300 = v1 + v299;
-            const int64_t v301 = 1ll;
-            const int64_t v302 = v300 + v301;
+    for (int64_t i293 = v291; i293 < v292; i293++) {
+        const int64_t v294 = i293 * v290;
+        const int64_t v295 = d_D - v294;
+        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
+        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l297, sizeof(float) * (size_t)64ll);
+        const int64_t v298 = 2ll;
+        const int64_t v299 = 0ll;
+        const int64_t v300 = v4 - v1;
+        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
+        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
+        const int64_t v303 = v302 * v298;
+        const int64_t v304 = v1 + v303;
+        for (int64_t i305 = v299; i305 < v302; i305++) {
+            const int64_t v306 = i305 * v298;
+            const int64_t v307 = v1 + v306;
+            const int64_t v308 = 1ll;
+            const int64_t v309 = v307 + v308;
             #pragma omp simd
-            for (int64_t i303 = v284; i303 < v289; i303++) {
-                const int64_t v304 = v287 + i303;
-                const float v305 = t5[v300 * d_D + v304];
-                l290[i303] += v305;
-                const int64_t v306 = v287 + i303;
-                const float v307 = t5[v302 * d_D + v306];
-                l290[i303] += v307;
+            for (int64_t i310 = v291; i310 < v296; i310++) {
+                const int64_t v311 = v294 + i310;
+                const float v312 = t5[v307 * d_D + v311];
+                l297[i310] += v312;
+                const int64_t v313 = v294 + i310;
+                const float v314 = t5[v309 * d_D + v313];
+                l297[i310] += v314;
             }
         }
-        for (int64_t i308 = v297; i308 < v4; i308++) {
+        for (int64_t i315 = v304; i315 < v4; i315++) {
             #pragma omp simd
-            for (int64_t i309 = v284; i309 < v289; i309++) {
-                const int64_t v310 = v287 + i309;
-                const float v311 = t5[i308 * d_D + v310];
-                l290[i309] += v311;
+            for (int64_t i316 = v291; i316 < v296; i316++) {
+                const int64_t v317 = v294 + i316;
+                const float v318 = t5[i315 * d_D + v317];
+                l297[i316] += v318;
             }
         }
-        for (int64_t i312 = v284; i312 < v289; i312++) {
-            const int64_t v313 = v287 + i312;
-            const float v314 = l290[i312];
-            p_grad_w[v313] = v314;
+        for (int64_t i319 = v291; i319 < v296; i319++) {
+            const int64_t v320 = v294 + i319;
+            const float v321 = l297[i319];
+            p_grad_w[v320] = v321;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2208,7 +2236,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -2349,348 +2377,355 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             const float v73 = l53;
             l52 = v73;
             const int64_t v74 = 1ll;
-            const int64_t v75 = i21 + v74;
-            const int64_t v76 = v18 - v74;
-            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
-            const int64_t v78 = v77 * v14;
-            const int64_t v79 = v11 + v78;
-            const int64_t v80 = v79 + v48;
+            const int64_t v75 = 0ll;
+            const int64_t v76 = i21 + v74;
+            const int64_t v77 = v76 * v14;
+            const int64_t v78 = v11 + v77;
+            const int64_t v79 = d_N - v74;
+            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
+            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
+            const int64_t v82 = v78 + v48;
+            const int64_t v83 = d_N - v74;
+            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
+            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
             {
-                int64_t r82 = v1;
-                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
-                for (int64_t i81 = r82; i81 < e83; i81++) {
-                    const float v84 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v85 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v86 = v84 * v85;
-                    const float v87 = l24;
-                    const float v88 = v87 / v7;
-                    const float v89 = v88 + v8;
-                    const float v90 = 1.0f / sqrtf(v89);
-                    const float v91 = v86 * v90;
-                    l10[i81] += v91;
-                    const float v92 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
-                    const float v93 = v84 * v92;
-                    const float v94 = v93 * v90;
-                    const float v95 = l26;
-                    const float v96 = v95 / v7;
-                    const float v97 = v96 * v90;
-                    const float v98 = v97 * v90;
-                    const float v99 = v98 * v90;
-                    const float v100 = v85 * v99;
-                    const float v101 = v94 - v100;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v101);
-                    const float v102 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v103 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v104 = v102 * v103;
-                    const float v105 = l50;
-                    const float v106 = v105 / v7;
-                    const float v107 = v106 + v8;
-                    const float v108 = 1.0f / sqrtf(v107);
-                    const float v109 = v104 * v108;
-                    l10[i81] += v109;
-                    const float v110 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
-                    const float v111 = v102 * v110;
-                    const float v112 = v111 * v108;
-                    const float v113 = l52;
-                    const float v114 = v113 / v7;
-                    const float v115 = v114 * v108;
-                    const float v116 = v115 * v108;
-                    const float v117 = v116 * v108;
-                    const float v118 = v103 * v117;
-                    const float v119 = v112 - v118;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v119);
+                int64_t r87 = v1;
+                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
+                for (int64_t i86 = r87; i86 < e88; i86++) {
+                    const float v89 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v90 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v91 = v89 * v90;
+                    const float v92 = l24;
+                    const float v93 = v92 / v7;
+                    const float v94 = v93 + v8;
+                    const float v95 = 1.0f / sqrtf(v94);
+                    const float v96 = v91 * v95;
+                    l10[i86] += v96;
+                    const float v97 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
+                    const float v98 = v89 * v97;
+                    const float v99 = v98 * v95;
+                    const float v100 = l26;
+                    const float v101 = v100 / v7;
+                    const float v102 = v101 * v95;
+                    const float v103 = v102 * v95;
+                    const float v104 = v103 * v95;
+                    const float v105 = v90 * v104;
+                    const float v106 = v99 - v105;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v106);
+                    const float v107 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v108 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v109 = v107 * v108;
+                    const float v110 = l50;
+                    const float v111 = v110 / v7;
+                    const float v112 = v111 + v8;
+                    const float v113 = 1.0f / sqrtf(v112);
+                    const float v114 = v109 * v113;
+                    l10[i86] += v114;
+                    const float v115 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
+                    const float v116 = v107 * v115;
+                    const float v117 = v116 * v113;
+                    const float v118 = l52;
+                    const float v119 = v118 / v7;
+                    const float v120 = v119 * v113;
+                    const float v121 = v120 * v113;
+                    const float v122 = v121 * v113;
+                    const float v123 = v108 * v122;
+                    const float v124 = v117 - v123;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v124);
                 }
-                r82 = e83;
-                for (; r82 + 32 <= d_D; r82 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
-                    _Alignas(64) float stg120[32];
-                    _Alignas(64) float stg121[32];
+                r87 = e88;
+                for (; r87 + 32 <= d_D; r87 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
+                    _Alignas(64) float stg125[32];
+                    _Alignas(64) float stg126[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i81 = r82 + l; (void)i81;
-                        const float v122 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                        const float v123 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
-                        const float v124 = v122 * v123;
-                        const float v125 = l24;
-                        const float v126 = v125 / v7;
-                        const float v127 = v126 + v8;
-                        const float v128 = 1.0f / sqrtf(v127);
-                        const float v129 = v124 * v128;
-                        l10[i81] += v129;
-                        const float v130 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
-                        const float v131 = v122 * v130;
-                        const float v132 = v131 * v128;
-                        const float v133 = l26;
-                        const float v134 = v133 / v7;
-                        const float v135 = v134 * v128;
-                        const float v136 = v135 * v128;
-                        const float v137 = v136 * v128;
-                        const float v138 = v123 * v137;
-                        const float v139 = v132 - v138;
-                        stg120[l] = v139;
-                        const float v140 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                        const float v141 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
-                        const float v142 = v140 * v141;
-                        const float v143 = l50;
-                        const float v144 = v143 / v7;
-                        const float v145 = v144 + v8;
-                        const float v146 = 1.0f / sqrtf(v145);
-                        const float v147 = v142 * v146;
-                        l10[i81] += v147;
-                        const float v148 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
-                        const float v149 = v140 * v148;
-                        const float v150 = v149 * v146;
-                        const float v151 = l52;
-                        const float v152 = v151 / v7;
-                        const float v153 = v152 * v146;
-                        const float v154 = v153 * v146;
-                        const float v155 = v154 * v146;
-                        const float v156 = v141 * v155;
-                        const float v157 = v150 - v156;
-                        stg121[l] = v157;
+                        const int64_t i86 = r87 + l; (void)i86;
+                        const float v127 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                        const float v128 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i86] += v134;
+                        const float v135 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg125[l] = v144;
+                        const float v145 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                        const float v146 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
+                        const float v147 = v145 * v146;
+                        const float v148 = l50;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i86] += v152;
+                        const float v153 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l52;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg126[l] = v162;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
                 }
-                for (int64_t i81 = r82; i81 < d_D; i81++) {
-                    const float v158 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v159 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v160 = v158 * v159;
-                    const float v161 = l24;
-                    const float v162 = v161 / v7;
-                    const float v163 = v162 + v8;
-                    const float v164 = 1.0f / sqrtf(v163);
-                    const float v165 = v160 * v164;
-                    l10[i81] += v165;
-                    const float v166 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
-                    const float v167 = v158 * v166;
-                    const float v168 = v167 * v164;
-                    const float v169 = l26;
-                    const float v170 = v169 / v7;
-                    const float v171 = v170 * v164;
-                    const float v172 = v171 * v164;
-                    const float v173 = v172 * v164;
-                    const float v174 = v159 * v173;
-                    const float v175 = v168 - v174;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v175);
-                    const float v176 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v177 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v178 = v176 * v177;
-                    const float v179 = l50;
-                    const float v180 = v179 / v7;
-                    const float v181 = v180 + v8;
-                    const float v182 = 1.0f / sqrtf(v181);
-                    const float v183 = v178 * v182;
-                    l10[i81] += v183;
-                    const float v184 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
-                    const float v185 = v176 * v184;
-                    const float v186 = v185 * v182;
-                    const float v187 = l52;
-                    const float v188 = v187 / v7;
-                    const float v189 = v188 * v182;
-                    const float v190 = v189 * v182;
-                    const float v191 = v190 * v182;
-                    const float v192 = v177 * v191;
-                    const float v193 = v186 - v192;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v193);
+                for (int64_t i86 = r87; i86 < d_D; i86++) {
+                    const float v163 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v164 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i86] += v170;
+                    const float v171 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v180);
+                    const float v181 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v182 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v183 = v181 * v182;
+                    const float v184 = l50;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i86] += v188;
+                    const float v189 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l52;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v198);
                 }
             }
         }
-        for (int64_t i194 = v20; i194 < v13; i194++) {
-            float l195 = 0;
-            float l196 = 0;
-            float l197 = 0;
-            float l198 = 0;
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
+            float l202 = 0;
+            float l203 = 0;
             {
-                float lane200[32];
-                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
-                float lane201[32];
-                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
-                int64_t r202 = v1;
-                for (; r202 + 32 <= d_D; r202 += 32) {
+                float lane205[32];
+                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
+                float lane206[32];
+                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 32 <= d_D; r207 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i199 = r202 + l;
-                        const float v203 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v204 = v203 * v203;
-                        lane200[l] += v204;
-                        const float v205 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v206 = opgen_bf16_to_f32(p_w[i199 * st_w_0]);
-                        const float v207 = v205 * v206;
-                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v209 = v207 * v208;
-                        lane201[l] += v209;
-                    }
-                }
-                for (int l = 0; r202 + l < d_D; l++) {
-                    {
-                        const int64_t i199 = r202 + l;
-                        const float v210 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v211 = v210 * v210;
-                        lane200[l] += v211;
-                        const float v212 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v213 = opgen_bf16_to_f32(p_w[i199 * st_w_0]);
+                        const int64_t i204 = r207 + l;
+                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v211 = opgen_bf16_to_f32(p_w[i204 * st_w_0]);
+                        const float v212 = v210 * v211;
+                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v214 = v212 * v213;
-                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v216 = v214 * v215;
-                        lane201[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
-                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
-                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
-                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
-                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
-                l196 = lane200[0];
-                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
-                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
-                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
-                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
-                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
-                l198 = lane201[0];
+                for (int l = 0; r207 + l < d_D; l++) {
+                    {
+                        const int64_t i204 = r207 + l;
+                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v218 = opgen_bf16_to_f32(p_w[i204 * st_w_0]);
+                        const float v219 = v217 * v218;
+                        const float v220 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v221 = v219 * v220;
+                        lane206[l] += v221;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
             }
-            const float v217 = l196;
-            l195 = v217;
-            const float v218 = l198;
-            l197 = v218;
-            const int64_t v219 = 1ll;
-            const int64_t v220 = i194 + v219;
-            const int64_t v221 = v13 - v219;
-            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
             {
-                int64_t r224 = v1;
-                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
-                for (int64_t i223 = r224; i223 < e225; i223++) {
-                    const float v226 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v227 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v228 = v226 * v227;
-                    const float v229 = l195;
-                    const float v230 = v229 / v7;
-                    const float v231 = v230 + v8;
-                    const float v232 = 1.0f / sqrtf(v231);
-                    const float v233 = v228 * v232;
-                    l10[i223] += v233;
-                    const float v234 = opgen_bf16_to_f32(p_w[i223 * st_w_0]);
-                    const float v235 = v226 * v234;
-                    const float v236 = v235 * v232;
-                    const float v237 = l197;
-                    const float v238 = v237 / v7;
-                    const float v239 = v238 * v232;
-                    const float v240 = v239 * v232;
-                    const float v241 = v240 * v232;
-                    const float v242 = v227 * v241;
-                    const float v243 = v236 - v242;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v243);
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v234 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = opgen_bf16_to_f32(p_w[i230 * st_w_0]);
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v250);
                 }
-                r224 = e225;
-                for (; r224 + 32 <= d_D; r224 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
-                    _Alignas(64) float stg244[32];
+                r231 = e232;
+                for (; r231 + 32 <= d_D; r231 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i223 = r224 + l; (void)i223;
-                        const float v245 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                        const float v246 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
-                        const float v247 = v245 * v246;
-                        const float v248 = l195;
-                        const float v249 = v248 / v7;
-                        const float v250 = v249 + v8;
-                        const float v251 = 1.0f / sqrtf(v250);
-                        const float v252 = v247 * v251;
-                        l10[i223] += v252;
-                        const float v253 = opgen_bf16_to_f32(p_w[i223 * st_w_0]);
-                        const float v254 = v245 * v253;
-                        const float v255 = v254 * v251;
-                        const float v256 = l197;
-                        const float v257 = v256 / v7;
-                        const float v258 = v257 * v251;
-                        const float v259 = v258 * v251;
-                        const float v260 = v259 * v251;
-                        const float v261 = v246 * v260;
-                        const float v262 = v255 - v261;
-                        stg244[l] = v262;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v252 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                        const float v253 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
+                        const float v254 = v252 * v253;
+                        const float v255 = l200;
+                        const float v256 = v255 / v7;
+                        const float v257 = v256 + v8;
+                        const float v258 = 1.0f / sqrtf(v257);
+                        const float v259 = v254 * v258;
+                        l10[i230] += v259;
+                        const float v260 = opgen_bf16_to_f32(p_w[i230 * st_w_0]);
+                        const float v261 = v252 * v260;
+                        const float v262 = v261 * v258;
+                        const float v263 = l202;
+                        const float v264 = v263 / v7;
+                        const float v265 = v264 * v258;
+                        const float v266 = v265 * v258;
+                        const float v267 = v266 * v258;
+                        const float v268 = v253 * v267;
+                        const float v269 = v262 - v268;
+                        stg251[l] = v269;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
                 }
-                for (int64_t i223 = r224; i223 < d_D; i223++) {
-                    const float v263 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v264 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v265 = v263 * v264;
-                    const float v266 = l195;
-                    const float v267 = v266 / v7;
-                    const float v268 = v267 + v8;
-                    const float v269 = 1.0f / sqrtf(v268);
-                    const float v270 = v265 * v269;
-                    l10[i223] += v270;
-                    const float v271 = opgen_bf16_to_f32(p_w[i223 * st_w_0]);
-                    const float v272 = v263 * v271;
-                    const float v273 = v272 * v269;
-                    const float v274 = l197;
-                    const float v275 = v274 / v7;
-                    const float v276 = v275 * v269;
-                    const float v277 = v276 * v269;
-                    const float v278 = v277 * v269;
-                    const float v279 = v264 * v278;
-                    const float v280 = v273 - v279;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v280);
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v270 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v271 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v272 = v270 * v271;
+                    const float v273 = l200;
+                    const float v274 = v273 / v7;
+                    const float v275 = v274 + v8;
+                    const float v276 = 1.0f / sqrtf(v275);
+                    const float v277 = v272 * v276;
+                    l10[i230] += v277;
+                    const float v278 = opgen_bf16_to_f32(p_w[i230 * st_w_0]);
+                    const float v279 = v270 * v278;
+                    const float v280 = v279 * v276;
+                    const float v281 = l202;
+                    const float v282 = v281 / v7;
+                    const float v283 = v282 * v276;
+                    const float v284 = v283 * v276;
+                    const float v285 = v284 * v276;
+                    const float v286 = v271 * v285;
+                    const float v287 = v280 - v286;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v287);
                 }
             }
         }
-        for (int64_t i281 = v1; i281 < d_D; i281++) {
-            const float v282 = l10[i281];
-            t5[i9 * d_D + i281] = v282;
+        for (int64_t i288 = v1; i288 < d_D; i288++) {
+            const float v289 = l10[i288];
+            t5[i9 * d_D + i288] = v289;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v283 = 64ll;
-    const int64_t v284 = 0ll;
-    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v290 = 64ll;
+    const int64_t v291 = 0ll;
+    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i286 = v284; i286 < v285; i286++) {
-        const int64_t v287 = i286 * v283;
-        const int64_t v288 = d_D - v287;
-        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
-        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l290, sizeof(float) * (size_t)64ll);
-        const int64_t v291 = 2ll;
-        const int64_t v292 = 0ll;
-        const int64_t v293 = v4 - v1;
-        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
-        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
-        const int64_t v296 = v295 * v291;
-        const int64_t v297 = v1 + v296;
-        for (int64_t i298 = v292; i298 < v295; i298++) {
-            const int64_t v299 = i298 * v291;
-            const int64_t v300 = v1 + v299;
-            const int64_t v301 = 1ll;
-            const int64_t v302 = v300 + v301;
-            for (int64_t i303 = v284; i303 < v289; i303++) {
-                const int64_t v304 = v287 + i303;
-                const float v305 = t5[v300 * d_D + v304];
-                l290[i303] += v305;
-                const int64_t v306 = v287 + i303;
-                const float v307 = t5[v302 * d_D + v306];
-                l290[i303] += v307;
+    for (int64_t i293 = v291; i293 < v292; i293++) {
+        const int64_t v294 = i293 * v290;
+        const int64_t v295 = d_D - v294;
+        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
+        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l297, sizeof(float) * (size_t)64ll);
+        const int64_t v298 = 2ll;
+        const int64_t v299 = 0ll;
+        const int64_t v300 = v4 - v1;
+        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
+        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
+        const int64_t v303 = v302 * v298;
+        const int64_t v304 = v1 + v303;
+        for (int64_t i305 = v299; i305 < v302; i305++) {
+            const int64_t v306 = i305 * v298;
+            const int64_t v307 = v1 + v306;
+            const int64_t v308 = 1ll;
+            const int64_t v309 = v307 + v308;
+            for (int64_t i310 = v291; i310 < v296; i310++) {
+                const int64_t v311 = v294 + i310;
+                const float v312 = t5[v307 * d_D + v311];
+                l297[i310] += v312;
+                const int64_t v313 = v294 + i310;
+                const float v314 = t5[v309 * d_D + v313];
+                l297[i310] += v314;
             }
         }
-        for (int64_t i308 = v297; i308 < v4; i308++) {
-            for (int64_t i309 = v284; i309 < v289; i309++) {
-                const int64_t v310 = v287 + i309;
-                const float v311 = t5[i308 * d_D + v310];
-                l290[i309] += v311;
+        for (int64_t i315 = v304; i315 < v4; i315++) {
+            for (int64_t i316 = v291; i316 < v296; i316++) {
+                const int64_t v317 = v294 + i316;
+                const float v318 = t5[i315 * d_D + v317];
+                l297[i316] += v318;
             }
         }
-        for (int64_t i312 = v284; i312 < v289; i312++) {
-            const int64_t v313 = v287 + i312;
-            const float v314 = l290[i312];
-            p_grad_w[v313 * st_grad_w_0] = opgen_f32_to_bf16(v314);
+        for (int64_t i319 = v291; i319 < v296; i319++) {
+            const int64_t v320 = v294 + i319;
+            const float v321 = l297[i319];
+            p_grad_w[v320 * st_grad_w_0] = opgen_f32_to_bf16(v321);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2721,7 +2756,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -2862,357 +2897,364 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             const float v73 = l53;
             l52 = v73;
             const int64_t v74 = 1ll;
-            const int64_t v75 = i21 + v74;
-            const int64_t v76 = v18 - v74;
-            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
-            const int64_t v78 = v77 * v14;
-            const int64_t v79 = v11 + v78;
-            const int64_t v80 = v79 + v48;
+            const int64_t v75 = 0ll;
+            const int64_t v76 = i21 + v74;
+            const int64_t v77 = v76 * v14;
+            const int64_t v78 = v11 + v77;
+            const int64_t v79 = d_N - v74;
+            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
+            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
+            const int64_t v82 = v78 + v48;
+            const int64_t v83 = d_N - v74;
+            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
+            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
             {
-                int64_t r82 = v1;
-                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                int64_t r87 = v1;
+                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
                 #pragma omp simd
-                for (int64_t i81 = r82; i81 < e83; i81++) {
-                    const float v84 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v85 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v86 = v84 * v85;
-                    const float v87 = l24;
-                    const float v88 = v87 / v7;
-                    const float v89 = v88 + v8;
-                    const float v90 = 1.0f / sqrtf(v89);
-                    const float v91 = v86 * v90;
-                    l10[i81] += v91;
-                    const float v92 = opgen_bf16_to_f32(p_w[i81]);
-                    const float v93 = v84 * v92;
-                    const float v94 = v93 * v90;
-                    const float v95 = l26;
-                    const float v96 = v95 / v7;
-                    const float v97 = v96 * v90;
-                    const float v98 = v97 * v90;
-                    const float v99 = v98 * v90;
-                    const float v100 = v85 * v99;
-                    const float v101 = v94 - v100;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v101);
-                    const float v102 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v103 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v104 = v102 * v103;
-                    const float v105 = l50;
-                    const float v106 = v105 / v7;
-                    const float v107 = v106 + v8;
-                    const float v108 = 1.0f / sqrtf(v107);
-                    const float v109 = v104 * v108;
-                    l10[i81] += v109;
-                    const float v110 = opgen_bf16_to_f32(p_w[i81]);
-                    const float v111 = v102 * v110;
-                    const float v112 = v111 * v108;
-                    const float v113 = l52;
-                    const float v114 = v113 / v7;
-                    const float v115 = v114 * v108;
-                    const float v116 = v115 * v108;
-                    const float v117 = v116 * v108;
-                    const float v118 = v103 * v117;
-                    const float v119 = v112 - v118;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v119);
+                for (int64_t i86 = r87; i86 < e88; i86++) {
+                    const float v89 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v90 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v91 = v89 * v90;
+                    const float v92 = l24;
+                    const float v93 = v92 / v7;
+                    const float v94 = v93 + v8;
+                    const float v95 = 1.0f / sqrtf(v94);
+                    const float v96 = v91 * v95;
+                    l10[i86] += v96;
+                    const float v97 = opgen_bf16_to_f32(p_w[i86]);
+                    const float v98 = v89 * v97;
+                    const float v99 = v98 * v95;
+                    const float v100 = l26;
+                    const float v101 = v100 / v7;
+                    const float v102 = v101 * v95;
+                    const float v103 = v102 * v95;
+                    const float v104 = v103 * v95;
+                    const float v105 = v90 * v104;
+                    const float v106 = v99 - v105;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v106);
+                    const float v107 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v108 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v109 = v107 * v108;
+                    const float v110 = l50;
+                    const float v111 = v110 / v7;
+                    const float v112 = v111 + v8;
+                    const float v113 = 1.0f / sqrtf(v112);
+                    const float v114 = v109 * v113;
+                    l10[i86] += v114;
+                    const float v115 = opgen_bf16_to_f32(p_w[i86]);
+                    const float v116 = v107 * v115;
+                    const float v117 = v116 * v113;
+                    const float v118 = l52;
+                    const float v119 = v118 / v7;
+                    const float v120 = v119 * v113;
+                    const float v121 = v120 * v113;
+                    const float v122 = v121 * v113;
+                    const float v123 = v108 * v122;
+                    const float v124 = v117 - v123;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v124);
                 }
-                r82 = e83;
-                for (; r82 + 32 <= d_D; r82 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
-                    _Alignas(64) float stg120[32];
-                    _Alignas(64) float stg121[32];
+                r87 = e88;
+                for (; r87 + 32 <= d_D; r87 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
+                    _Alignas(64) float stg125[32];
+                    _Alignas(64) float stg126[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i81 = r82 + l; (void)i81;
-                        const float v122 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                        const float v123 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
-                        const float v124 = v122 * v123;
-                        const float v125 = l24;
-                        const float v126 = v125 / v7;
-                        const float v127 = v126 + v8;
-                        const float v128 = 1.0f / sqrtf(v127);
-                        const float v129 = v124 * v128;
-                        l10[i81] += v129;
-                        const float v130 = opgen_bf16_to_f32(p_w[i81]);
-                        const float v131 = v122 * v130;
-                        const float v132 = v131 * v128;
-                        const float v133 = l26;
-                        const float v134 = v133 / v7;
-                        const float v135 = v134 * v128;
-                        const float v136 = v135 * v128;
-                        const float v137 = v136 * v128;
-                        const float v138 = v123 * v137;
-                        const float v139 = v132 - v138;
-                        stg120[l] = v139;
-                        const float v140 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                        const float v141 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
-                        const float v142 = v140 * v141;
-                        const float v143 = l50;
-                        const float v144 = v143 / v7;
-                        const float v145 = v144 + v8;
-                        const float v146 = 1.0f / sqrtf(v145);
-                        const float v147 = v142 * v146;
-                        l10[i81] += v147;
-                        const float v148 = opgen_bf16_to_f32(p_w[i81]);
-                        const float v149 = v140 * v148;
-                        const float v150 = v149 * v146;
-                        const float v151 = l52;
-                        const float v152 = v151 / v7;
-                        const float v153 = v152 * v146;
-                        const float v154 = v153 * v146;
-                        const float v155 = v154 * v146;
-                        const float v156 = v141 * v155;
-                        const float v157 = v150 - v156;
-                        stg121[l] = v157;
+                        const int64_t i86 = r87 + l; (void)i86;
+                        const float v127 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                        const float v128 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i86] += v134;
+                        const float v135 = opgen_bf16_to_f32(p_w[i86]);
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg125[l] = v144;
+                        const float v145 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                        const float v146 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
+                        const float v147 = v145 * v146;
+                        const float v148 = l50;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i86] += v152;
+                        const float v153 = opgen_bf16_to_f32(p_w[i86]);
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l52;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg126[l] = v162;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i81 = r82; i81 < d_D; i81++) {
-                    const float v158 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
-                    const float v159 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
-                    const float v160 = v158 * v159;
-                    const float v161 = l24;
-                    const float v162 = v161 / v7;
-                    const float v163 = v162 + v8;
-                    const float v164 = 1.0f / sqrtf(v163);
-                    const float v165 = v160 * v164;
-                    l10[i81] += v165;
-                    const float v166 = opgen_bf16_to_f32(p_w[i81]);
-                    const float v167 = v158 * v166;
-                    const float v168 = v167 * v164;
-                    const float v169 = l26;
-                    const float v170 = v169 / v7;
-                    const float v171 = v170 * v164;
-                    const float v172 = v171 * v164;
-                    const float v173 = v172 * v164;
-                    const float v174 = v159 * v173;
-                    const float v175 = v168 - v174;
-                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v175);
-                    const float v176 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
-                    const float v177 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
-                    const float v178 = v176 * v177;
-                    const float v179 = l50;
-                    const float v180 = v179 / v7;
-                    const float v181 = v180 + v8;
-                    const float v182 = 1.0f / sqrtf(v181);
-                    const float v183 = v178 * v182;
-                    l10[i81] += v183;
-                    const float v184 = opgen_bf16_to_f32(p_w[i81]);
-                    const float v185 = v176 * v184;
-                    const float v186 = v185 * v182;
-                    const float v187 = l52;
-                    const float v188 = v187 / v7;
-                    const float v189 = v188 * v182;
-                    const float v190 = v189 * v182;
-                    const float v191 = v190 * v182;
-                    const float v192 = v177 * v191;
-                    const float v193 = v186 - v192;
-                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v193);
+                for (int64_t i86 = r87; i86 < d_D; i86++) {
+                    const float v163 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v164 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i86] += v170;
+                    const float v171 = opgen_bf16_to_f32(p_w[i86]);
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v180);
+                    const float v181 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v182 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v183 = v181 * v182;
+                    const float v184 = l50;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i86] += v188;
+                    const float v189 = opgen_bf16_to_f32(p_w[i86]);
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l52;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v198);
                 }
             }
         }
-        for (int64_t i194 = v20; i194 < v13; i194++) {
-            float l195 = 0;
-            float l196 = 0;
-            float l197 = 0;
-            float l198 = 0;
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
+            float l202 = 0;
+            float l203 = 0;
             {
-                float lane200[32];
-                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
-                float lane201[32];
-                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
-                int64_t r202 = v1;
-                for (; r202 + 32 <= d_D; r202 += 32) {
+                float lane205[32];
+                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
+                float lane206[32];
+                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 32 <= d_D; r207 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i199 = r202 + l;
-                        const float v203 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v204 = v203 * v203;
-                        lane200[l] += v204;
-                        const float v205 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v206 = opgen_bf16_to_f32(p_w[i199]);
-                        const float v207 = v205 * v206;
-                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v209 = v207 * v208;
-                        lane201[l] += v209;
-                    }
-                }
-                for (int l = 0; r202 + l < d_D; l++) {
-                    {
-                        const int64_t i199 = r202 + l;
-                        const float v210 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v211 = v210 * v210;
-                        lane200[l] += v211;
-                        const float v212 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
-                        const float v213 = opgen_bf16_to_f32(p_w[i199]);
+                        const int64_t i204 = r207 + l;
+                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v211 = opgen_bf16_to_f32(p_w[i204]);
+                        const float v212 = v210 * v211;
+                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v214 = v212 * v213;
-                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
-                        const float v216 = v214 * v215;
-                        lane201[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
-                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
-                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
-                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
-                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
-                l196 = lane200[0];
-                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
-                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
-                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
-                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
-                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
-                l198 = lane201[0];
-            }
-            const float v217 = l196;
-            l195 = v217;
-            const float v218 = l198;
-            l197 = v218;
-            const int64_t v219 = 1ll;
-            const int64_t v220 = i194 + v219;
-            const int64_t v221 = v13 - v219;
-            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
-            {
-                int64_t r224 = v1;
-                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
-                #pragma omp simd
-                for (int64_t i223 = r224; i223 < e225; i223++) {
-                    const float v226 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v227 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v228 = v226 * v227;
-                    const float v229 = l195;
-                    const float v230 = v229 / v7;
-                    const float v231 = v230 + v8;
-                    const float v232 = 1.0f / sqrtf(v231);
-                    const float v233 = v228 * v232;
-                    l10[i223] += v233;
-                    const float v234 = opgen_bf16_to_f32(p_w[i223]);
-                    const float v235 = v226 * v234;
-                    const float v236 = v235 * v232;
-                    const float v237 = l197;
-                    const float v238 = v237 / v7;
-                    const float v239 = v238 * v232;
-                    const float v240 = v239 * v232;
-                    const float v241 = v240 * v232;
-                    const float v242 = v227 * v241;
-                    const float v243 = v236 - v242;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v243);
+                for (int l = 0; r207 + l < d_D; l++) {
+                    {
+                        const int64_t i204 = r207 + l;
+                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v218 = opgen_bf16_to_f32(p_w[i204]);
+                        const float v219 = v217 * v218;
+                        const float v220 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v221 = v219 * v220;
+                        lane206[l] += v221;
+                    }
                 }
-                r224 = e225;
-                for (; r224 + 32 <= d_D; r224 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
-                    _Alignas(64) float stg244[32];
+                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
+            }
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            {
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                #pragma omp simd
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v234 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = opgen_bf16_to_f32(p_w[i230]);
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v250);
+                }
+                r231 = e232;
+                for (; r231 + 32 <= d_D; r231 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i223 = r224 + l; (void)i223;
-                        const float v245 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                        const float v246 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
-                        const float v247 = v245 * v246;
-                        const float v248 = l195;
-                        const float v249 = v248 / v7;
-                        const float v250 = v249 + v8;
-                        const float v251 = 1.0f / sqrtf(v250);
-                        const float v252 = v247 * v251;
-                        l10[i223] += v252;
-                        const float v253 = opgen_bf16_to_f32(p_w[i223]);
-                        const float v254 = v245 * v253;
-                        const float v255 = v254 * v251;
-                        const float v256 = l197;
-                        const float v257 = v256 / v7;
-                        const float v258 = v257 * v251;
-                        const float v259 = v258 * v251;
-                        const float v260 = v259 * v251;
-                        const float v261 = v246 * v260;
-                        const float v262 = v255 - v261;
-                        stg244[l] = v262;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v252 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                        const float v253 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
+                        const float v254 = v252 * v253;
+                        const float v255 = l200;
+                        const float v256 = v255 / v7;
+                        const float v257 = v256 + v8;
+                        const float v258 = 1.0f / sqrtf(v257);
+                        const float v259 = v254 * v258;
+                        l10[i230] += v259;
+                        const float v260 = opgen_bf16_to_f32(p_w[i230]);
+                        const float v261 = v252 * v260;
+                        const float v262 = v261 * v258;
+                        const float v263 = l202;
+                        const float v264 = v263 / v7;
+                        const float v265 = v264 * v258;
+                        const float v266 = v265 * v258;
+                        const float v267 = v266 * v258;
+                        const float v268 = v253 * v267;
+                        const float v269 = v262 - v268;
+                        stg251[l] = v269;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i223 = r224; i223 < d_D; i223++) {
-                    const float v263 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
-                    const float v264 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
-                    const float v265 = v263 * v264;
-                    const float v266 = l195;
-                    const float v267 = v266 / v7;
-                    const float v268 = v267 + v8;
-                    const float v269 = 1.0f / sqrtf(v268);
-                    const float v270 = v265 * v269;
-                    l10[i223] += v270;
-                    const float v271 = opgen_bf16_to_f32(p_w[i223]);
-                    const float v272 = v263 * v271;
-                    const float v273 = v272 * v269;
-                    const float v274 = l197;
-                    const float v275 = v274 / v7;
-                    const float v276 = v275 * v269;
-                    const float v277 = v276 * v269;
-                    const float v278 = v277 * v269;
-                    const float v279 = v264 * v278;
-                    const float v280 = v273 - v279;
-                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v280);
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v270 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v271 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v272 = v270 * v271;
+                    const float v273 = l200;
+                    const float v274 = v273 / v7;
+                    const float v275 = v274 + v8;
+                    const float v276 = 1.0f / sqrtf(v275);
+                    const float v277 = v272 * v276;
+                    l10[i230] += v277;
+                    const float v278 = opgen_bf16_to_f32(p_w[i230]);
+                    const float v279 = v270 * v278;
+                    const float v280 = v279 * v276;
+                    const float v281 = l202;
+                    const float v282 = v281 / v7;
+                    const float v283 = v282 * v276;
+                    const float v284 = v283 * v276;
+                    const float v285 = v284 * v276;
+                    const float v286 = v271 * v285;
+                    const float v287 = v280 - v286;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v287);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i281 = v1; i281 < d_D; i281++) {
-            const float v282 = l10[i281];
-            t5[i9 * d_D + i281] = v282;
+        for (int64_t i288 = v1; i288 < d_D; i288++) {
+            const float v289 = l10[i288];
+            t5[i9 * d_D + i288] = v289;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v283 = 64ll;
-    const int64_t v284 = 0ll;
-    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v290 = 64ll;
+    const int64_t v291 = 0ll;
+    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i286 = v284; i286 < v285; i286++) {
-        const int64_t v287 = i286 * v283;
-        const int64_t v288 = d_D - v287;
-        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
-        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l290, sizeof(float) * (size_t)64ll);
-        const int64_t v291 = 2ll;
-        const int64_t v292 = 0ll;
-        const int64_t v293 = v4 - v1;
-        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
-        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
-        const int64_t v296 = v295 * v291;
-        const int64_t v297 = v1 + v296;
-        for (int64_t i298 = v292; i298 < v295; i298++) {
-            const int64_t v299 = i298 * v291;
-            const int64_t v300 = v1 + v299;
-            const int64_t v301 = 1ll;
-            const int64_t v302 = v300 + v301;
+    for (int64_t i293 = v291; i293 < v292; i293++) {
+        const int64_t v294 = i293 * v290;
+        const int64_t v295 = d_D - v294;
+        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
+        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l297, sizeof(float) * (size_t)64ll);
+        const int64_t v298 = 2ll;
+        const int64_t v299 = 0ll;
+        const int64_t v300 = v4 - v1;
+        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
+        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
+        const int64_t v303 = v302 * v298;
+        const int64_t v304 = v1 + v303;
+        for (int64_t i305 = v299; i305 < v302; i305++) {
+            const int64_t v306 = i305 * v298;
+            const int64_t v307 = v1 + v306;
+            const int64_t v308 = 1ll;
+            const int64_t v309 = v307 + v308;
             #pragma omp simd
-            for (int64_t i303 = v284; i303 < v289; i303++) {
-                const int64_t v304 = v287 + i303;
-                const float v305 = t5[v300 * d_D + v304];
-                l290[i303] += v305;
-                const int64_t v306 = v287 + i303;
-                const float v307 = t5[v302 * d_D + v306];
-                l290[i303] += v307;
+            for (int64_t i310 = v291; i310 < v296; i310++) {
+                const int64_t v311 = v294 + i310;
+                const float v312 = t5[v307 * d_D + v311];
+                l297[i310] += v312;
+                const int64_t v313 = v294 + i310;
+                const float v314 = t5[v309 * d_D + v313];
+                l297[i310] += v314;
             }
         }
-        for (int64_t i308 = v297; i308 < v4; i308++) {
+        for (int64_t i315 = v304; i315 < v4; i315++) {
             #pragma omp simd
-            for (int64_t i309 = v284; i309 < v289; i309++) {
-                const int64_t v310 = v287 + i309;
-                const float v311 = t5[i308 * d_D + v310];
-                l290[i309] += v311;
+            for (int64_t i316 = v291; i316 < v296; i316++) {
+                const int64_t v317 = v294 + i316;
+                const float v318 = t5[i315 * d_D + v317];
+                l297[i316] += v318;
             }
         }
-        for (int64_t i312 = v284; i312 < v289; i312++) {
-            const int64_t v313 = v287 + i312;
-            const float v314 = l290[i312];
-            p_grad_w[v313] = opgen_f32_to_bf16(v314);
+        for (int64_t i319 = v291; i319 < v296; i319++) {
+            const int64_t v320 = v294 + i319;
+            const float v321 = l297[i319];
+            p_grad_w[v320] = opgen_f32_to_bf16(v321);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -495,53 +495,55 @@ builtin.module {
               %343 = memref.load %70[] : memref<f32>
               memref.store %343, %69[] : memref<f32>
               %344 = arith.addi %66, %65 : i64
-              %345 = arith.subi %64, %65 : i64
+              %345 = arith.subi %5, %65 : i64
               %346 = arith.cmpi slt, %344, %345 : i64
+              %347 = arith.select %346, %344, %345 : i64
+              %348 = arith.cmpi sgt, %347, %41 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%347: index):
-                %348 = arith.index_cast %347 : index to i64
-                %349 = arith.index_cast %66 : i64 to index
-                %350 = arith.index_cast %348 : i64 to index
-                %351 = memref.load %grad_y[%349, %350] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %352 = arith.extf %351 : f16 to f32
-                %353 = memref.load %x[%349, %350] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+              ^bb0(%349: index):
+                %350 = arith.index_cast %349 : index to i64
+                %351 = arith.index_cast %66 : i64 to index
+                %352 = arith.index_cast %350 : i64 to index
+                %353 = memref.load %grad_y[%351, %352] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                 %354 = arith.extf %353 : f16 to f32
-                %355 = arith.mulf %352, %354 : f32
-                %356 = memref.load %67[] : memref<f32>
-                %357 = arith.divf %356, %53 : f32
-                %358 = arith.addf %357, %eps : f32
-                %359 = arith.constant 1.000000e+00 : f32
-                %360 = math.sqrt %358 : f32
-                %361 = arith.divf %359, %360 : f32
-                %362 = arith.mulf %355, %361 : f32
-                %363 = memref.load %58[%350] : memref<?xf32>
-                %364 = arith.addf %363, %362 : f32
-                memref.store %364, %58[%350] : memref<?xf32>
-                %365 = memref.load %w[%350] : memref<?xf16, strided<[?], offset: ?>>
-                %366 = arith.extf %365 : f16 to f32
-                %367 = arith.mulf %352, %366 : f32
-                %368 = arith.mulf %367, %361 : f32
-                %369 = memref.load %69[] : memref<f32>
-                %370 = arith.divf %369, %53 : f32
-                %371 = arith.mulf %370, %361 : f32
-                %372 = arith.mulf %371, %361 : f32
-                %373 = arith.mulf %372, %361 : f32
-                %374 = arith.mulf %354, %373 : f32
-                %375 = arith.subf %368, %374 : f32
-                %376 = arith.truncf %375 : f32 to f16
-                memref.store %376, %grad_x[%349, %350] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %355 = memref.load %x[%351, %352] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %356 = arith.extf %355 : f16 to f32
+                %357 = arith.mulf %354, %356 : f32
+                %358 = memref.load %67[] : memref<f32>
+                %359 = arith.divf %358, %53 : f32
+                %360 = arith.addf %359, %eps : f32
+                %361 = arith.constant 1.000000e+00 : f32
+                %362 = math.sqrt %360 : f32
+                %363 = arith.divf %361, %362 : f32
+                %364 = arith.mulf %357, %363 : f32
+                %365 = memref.load %58[%352] : memref<?xf32>
+                %366 = arith.addf %365, %364 : f32
+                memref.store %366, %58[%352] : memref<?xf32>
+                %367 = memref.load %w[%352] : memref<?xf16, strided<[?], offset: ?>>
+                %368 = arith.extf %367 : f16 to f32
+                %369 = arith.mulf %354, %368 : f32
+                %370 = arith.mulf %369, %363 : f32
+                %371 = memref.load %69[] : memref<f32>
+                %372 = arith.divf %371, %53 : f32
+                %373 = arith.mulf %372, %363 : f32
+                %374 = arith.mulf %373, %363 : f32
+                %375 = arith.mulf %374, %363 : f32
+                %376 = arith.mulf %356, %375 : f32
+                %377 = arith.subf %370, %376 : f32
+                %378 = arith.truncf %377 : f32 to f16
+                memref.store %378, %grad_x[%351, %352] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%377: index):
-            %378 = arith.index_cast %377 : index to i64
-            %379 = arith.index_cast %378 : i64 to index
-            %380 = memref.load %58[%379] : memref<?xf32>
-            %381 = arith.index_cast %57 : i64 to index
-            memref.store %380, %51[%381, %379] : memref<?x?xf32>
+          ^bb0(%379: index):
+            %380 = arith.index_cast %379 : index to i64
+            %381 = arith.index_cast %380 : i64 to index
+            %382 = memref.load %58[%381] : memref<?xf32>
+            %383 = arith.index_cast %57 : i64 to index
+            memref.store %382, %51[%383, %381] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -549,33 +551,33 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%382: index):
-        %383 = arith.index_cast %382 : index to i64
+      ^bb0(%384: index):
+        %385 = arith.index_cast %384 : index to i64
         "memref.alloca_scope"() ({
-          %384 = memref.alloca() : memref<f32>
-          %385 = arith.constant 0.000000e+00 : f32
-          memref.store %385, %384[] : memref<f32>
-          %386 = arith.constant 1 : i64
-          scf.for %387 = %41 to %48 step %386 : i64 {
-            %388 = arith.index_cast %387 : i64 to index
-            %389 = arith.index_cast %383 : i64 to index
-            %390 = memref.load %51[%388, %389] : memref<?x?xf32>
-            %391 = memref.load %384[] : memref<f32>
-            %392 = arith.addf %391, %390 : f32
-            memref.store %392, %384[] : memref<f32>
+          %386 = memref.alloca() : memref<f32>
+          %387 = arith.constant 0.000000e+00 : f32
+          memref.store %387, %386[] : memref<f32>
+          %388 = arith.constant 1 : i64
+          scf.for %389 = %41 to %48 step %388 : i64 {
+            %390 = arith.index_cast %389 : i64 to index
+            %391 = arith.index_cast %385 : i64 to index
+            %392 = memref.load %51[%390, %391] : memref<?x?xf32>
+            %393 = memref.load %386[] : memref<f32>
+            %394 = arith.addf %393, %392 : f32
+            memref.store %394, %386[] : memref<f32>
           }
-          %393 = memref.load %384[] : memref<f32>
-          %394 = arith.index_cast %383 : i64 to index
-          %395 = arith.truncf %393 : f32 to f16
-          memref.store %395, %grad_w[%394] : memref<?xf16, strided<[?], offset: ?>>
+          %395 = memref.load %386[] : memref<f32>
+          %396 = arith.index_cast %385 : i64 to index
+          %397 = arith.truncf %395 : f32 to f16
+          memref.store %397, %grad_w[%396] : memref<?xf16, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %396 = memref.load %0[] : memref<i32>
-    func.return %396 : i32
+    %398 = memref.load %0[] : memref<i32>
+    func.return %398 : i32
   }
   func.func @rms_norm_backward_f32(%grad_y: memref<?x?xf32, strided<[?, ?], offset: ?>>, %x: memref<?x?xf32, strided<[?, ?], offset: ?>>, %w: memref<?xf32, strided<[?], offset: ?>>, %eps: f32, %grad_x: memref<?x?xf32, strided<[?, ?], offset: ?>>, %grad_w: memref<?xf32, strided<[?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad_y", "x", "w", "eps", "grad_x", "grad_w"], opgen.variant = "rms_norm_backward", opgen.dtypes = {T = "f32"}} {
     %0 = memref.alloca() : memref<i32>
@@ -889,49 +891,51 @@ builtin.module {
               %224 = memref.load %70[] : memref<f32>
               memref.store %224, %69[] : memref<f32>
               %225 = arith.addi %66, %65 : i64
-              %226 = arith.subi %64, %65 : i64
+              %226 = arith.subi %5, %65 : i64
               %227 = arith.cmpi slt, %225, %226 : i64
+              %228 = arith.select %227, %225, %226 : i64
+              %229 = arith.cmpi sgt, %228, %41 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%228: index):
-                %229 = arith.index_cast %228 : index to i64
-                %230 = arith.index_cast %66 : i64 to index
-                %231 = arith.index_cast %229 : i64 to index
-                %232 = memref.load %grad_y[%230, %231] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %233 = memref.load %x[%230, %231] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %234 = arith.mulf %232, %233 : f32
-                %235 = memref.load %67[] : memref<f32>
-                %236 = arith.divf %235, %53 : f32
-                %237 = arith.addf %236, %eps : f32
-                %238 = arith.constant 1.000000e+00 : f32
-                %239 = math.sqrt %237 : f32
-                %240 = arith.divf %238, %239 : f32
-                %241 = arith.mulf %234, %240 : f32
-                %242 = memref.load %58[%231] : memref<?xf32>
-                %243 = arith.addf %242, %241 : f32
-                memref.store %243, %58[%231] : memref<?xf32>
-                %244 = memref.load %w[%231] : memref<?xf32, strided<[?], offset: ?>>
-                %245 = arith.mulf %232, %244 : f32
-                %246 = arith.mulf %245, %240 : f32
-                %247 = memref.load %69[] : memref<f32>
-                %248 = arith.divf %247, %53 : f32
-                %249 = arith.mulf %248, %240 : f32
-                %250 = arith.mulf %249, %240 : f32
-                %251 = arith.mulf %250, %240 : f32
-                %252 = arith.mulf %233, %251 : f32
-                %253 = arith.subf %246, %252 : f32
-                memref.store %253, %grad_x[%230, %231] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+              ^bb0(%230: index):
+                %231 = arith.index_cast %230 : index to i64
+                %232 = arith.index_cast %66 : i64 to index
+                %233 = arith.index_cast %231 : i64 to index
+                %234 = memref.load %grad_y[%232, %233] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %235 = memref.load %x[%232, %233] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %236 = arith.mulf %234, %235 : f32
+                %237 = memref.load %67[] : memref<f32>
+                %238 = arith.divf %237, %53 : f32
+                %239 = arith.addf %238, %eps : f32
+                %240 = arith.constant 1.000000e+00 : f32
+                %241 = math.sqrt %239 : f32
+                %242 = arith.divf %240, %241 : f32
+                %243 = arith.mulf %236, %242 : f32
+                %244 = memref.load %58[%233] : memref<?xf32>
+                %245 = arith.addf %244, %243 : f32
+                memref.store %245, %58[%233] : memref<?xf32>
+                %246 = memref.load %w[%233] : memref<?xf32, strided<[?], offset: ?>>
+                %247 = arith.mulf %234, %246 : f32
+                %248 = arith.mulf %247, %242 : f32
+                %249 = memref.load %69[] : memref<f32>
+                %250 = arith.divf %249, %53 : f32
+                %251 = arith.mulf %250, %242 : f32
+                %252 = arith.mulf %251, %242 : f32
+                %253 = arith.mulf %252, %242 : f32
+                %254 = arith.mulf %235, %253 : f32
+                %255 = arith.subf %248, %254 : f32
+                memref.store %255, %grad_x[%232, %233] : memref<?x?xf32, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%254: index):
-            %255 = arith.index_cast %254 : index to i64
-            %256 = arith.index_cast %255 : i64 to index
-            %257 = memref.load %58[%256] : memref<?xf32>
-            %258 = arith.index_cast %57 : i64 to index
-            memref.store %257, %51[%258, %256] : memref<?x?xf32>
+          ^bb0(%256: index):
+            %257 = arith.index_cast %256 : index to i64
+            %258 = arith.index_cast %257 : i64 to index
+            %259 = memref.load %58[%258] : memref<?xf32>
+            %260 = arith.index_cast %57 : i64 to index
+            memref.store %259, %51[%260, %258] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -939,32 +943,32 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%259: index):
-        %260 = arith.index_cast %259 : index to i64
+      ^bb0(%261: index):
+        %262 = arith.index_cast %261 : index to i64
         "memref.alloca_scope"() ({
-          %261 = memref.alloca() : memref<f32>
-          %262 = arith.constant 0.000000e+00 : f32
-          memref.store %262, %261[] : memref<f32>
-          %263 = arith.constant 1 : i64
-          scf.for %264 = %41 to %48 step %263 : i64 {
-            %265 = arith.index_cast %264 : i64 to index
-            %266 = arith.index_cast %260 : i64 to index
-            %267 = memref.load %51[%265, %266] : memref<?x?xf32>
-            %268 = memref.load %261[] : memref<f32>
-            %269 = arith.addf %268, %267 : f32
-            memref.store %269, %261[] : memref<f32>
+          %263 = memref.alloca() : memref<f32>
+          %264 = arith.constant 0.000000e+00 : f32
+          memref.store %264, %263[] : memref<f32>
+          %265 = arith.constant 1 : i64
+          scf.for %266 = %41 to %48 step %265 : i64 {
+            %267 = arith.index_cast %266 : i64 to index
+            %268 = arith.index_cast %262 : i64 to index
+            %269 = memref.load %51[%267, %268] : memref<?x?xf32>
+            %270 = memref.load %263[] : memref<f32>
+            %271 = arith.addf %270, %269 : f32
+            memref.store %271, %263[] : memref<f32>
           }
-          %270 = memref.load %261[] : memref<f32>
-          %271 = arith.index_cast %260 : i64 to index
-          memref.store %270, %grad_w[%271] : memref<?xf32, strided<[?], offset: ?>>
+          %272 = memref.load %263[] : memref<f32>
+          %273 = arith.index_cast %262 : i64 to index
+          memref.store %272, %grad_w[%273] : memref<?xf32, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %272 = memref.load %0[] : memref<i32>
-    func.return %272 : i32
+    %274 = memref.load %0[] : memref<i32>
+    func.return %274 : i32
   }
   func.func @rms_norm_backward_bf16(%grad_y: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %x: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %w: memref<?xbf16, strided<[?], offset: ?>>, %eps: f32, %grad_x: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %grad_w: memref<?xbf16, strided<[?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad_y", "x", "w", "eps", "grad_x", "grad_w"], opgen.variant = "rms_norm_backward", opgen.dtypes = {T = "bf16"}} {
     %0 = memref.alloca() : memref<i32>
@@ -1461,53 +1465,55 @@ builtin.module {
               %343 = memref.load %70[] : memref<f32>
               memref.store %343, %69[] : memref<f32>
               %344 = arith.addi %66, %65 : i64
-              %345 = arith.subi %64, %65 : i64
+              %345 = arith.subi %5, %65 : i64
               %346 = arith.cmpi slt, %344, %345 : i64
+              %347 = arith.select %346, %344, %345 : i64
+              %348 = arith.cmpi sgt, %347, %41 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%347: index):
-                %348 = arith.index_cast %347 : index to i64
-                %349 = arith.index_cast %66 : i64 to index
-                %350 = arith.index_cast %348 : i64 to index
-                %351 = memref.load %grad_y[%349, %350] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %352 = arith.extf %351 : bf16 to f32
-                %353 = memref.load %x[%349, %350] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+              ^bb0(%349: index):
+                %350 = arith.index_cast %349 : index to i64
+                %351 = arith.index_cast %66 : i64 to index
+                %352 = arith.index_cast %350 : i64 to index
+                %353 = memref.load %grad_y[%351, %352] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                 %354 = arith.extf %353 : bf16 to f32
-                %355 = arith.mulf %352, %354 : f32
-                %356 = memref.load %67[] : memref<f32>
-                %357 = arith.divf %356, %53 : f32
-                %358 = arith.addf %357, %eps : f32
-                %359 = arith.constant 1.000000e+00 : f32
-                %360 = math.sqrt %358 : f32
-                %361 = arith.divf %359, %360 : f32
-                %362 = arith.mulf %355, %361 : f32
-                %363 = memref.load %58[%350] : memref<?xf32>
-                %364 = arith.addf %363, %362 : f32
-                memref.store %364, %58[%350] : memref<?xf32>
-                %365 = memref.load %w[%350] : memref<?xbf16, strided<[?], offset: ?>>
-                %366 = arith.extf %365 : bf16 to f32
-                %367 = arith.mulf %352, %366 : f32
-                %368 = arith.mulf %367, %361 : f32
-                %369 = memref.load %69[] : memref<f32>
-                %370 = arith.divf %369, %53 : f32
-                %371 = arith.mulf %370, %361 : f32
-                %372 = arith.mulf %371, %361 : f32
-                %373 = arith.mulf %372, %361 : f32
-                %374 = arith.mulf %354, %373 : f32
-                %375 = arith.subf %368, %374 : f32
-                %376 = arith.truncf %375 : f32 to bf16
-                memref.store %376, %grad_x[%349, %350] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %355 = memref.load %x[%351, %352] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %356 = arith.extf %355 : bf16 to f32
+                %357 = arith.mulf %354, %356 : f32
+                %358 = memref.load %67[] : memref<f32>
+                %359 = arith.divf %358, %53 : f32
+                %360 = arith.addf %359, %eps : f32
+                %361 = arith.constant 1.000000e+00 : f32
+                %362 = math.sqrt %360 : f32
+                %363 = arith.divf %361, %362 : f32
+                %364 = arith.mulf %357, %363 : f32
+                %365 = memref.load %58[%352] : memref<?xf32>
+                %366 = arith.addf %365, %364 : f32
+                memref.store %366, %58[%352] : memref<?xf32>
+                %367 = memref.load %w[%352] : memref<?xbf16, strided<[?], offset: ?>>
+                %368 = arith.extf %367 : bf16 to f32
+                %369 = arith.mulf %354, %368 : f32
+                %370 = arith.mulf %369, %363 : f32
+                %371 = memref.load %69[] : memref<f32>
+                %372 = arith.divf %371, %53 : f32
+                %373 = arith.mulf %372, %363 : f32
+                %374 = arith.mulf %373, %363 : f32
+                %375 = arith.mulf %374, %363 : f32
+                %376 = arith.mulf %356, %375 : f32
+                %377 = arith.subf %370, %376 : f32
+                %378 = arith.truncf %377 : f32 to bf16
+                memref.store %378, %grad_x[%351, %352] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%377: index):
-            %378 = arith.index_cast %377 : index to i64
-            %379 = arith.index_cast %378 : i64 to index
-            %380 = memref.load %58[%379] : memref<?xf32>
-            %381 = arith.index_cast %57 : i64 to index
-            memref.store %380, %51[%381, %379] : memref<?x?xf32>
+          ^bb0(%379: index):
+            %380 = arith.index_cast %379 : index to i64
+            %381 = arith.index_cast %380 : i64 to index
+            %382 = memref.load %58[%381] : memref<?xf32>
+            %383 = arith.index_cast %57 : i64 to index
+            memref.store %382, %51[%383, %381] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -1515,32 +1521,32 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%382: index):
-        %383 = arith.index_cast %382 : index to i64
+      ^bb0(%384: index):
+        %385 = arith.index_cast %384 : index to i64
         "memref.alloca_scope"() ({
-          %384 = memref.alloca() : memref<f32>
-          %385 = arith.constant 0.000000e+00 : f32
-          memref.store %385, %384[] : memref<f32>
-          %386 = arith.constant 1 : i64
-          scf.for %387 = %41 to %48 step %386 : i64 {
-            %388 = arith.index_cast %387 : i64 to index
-            %389 = arith.index_cast %383 : i64 to index
-            %390 = memref.load %51[%388, %389] : memref<?x?xf32>
-            %391 = memref.load %384[] : memref<f32>
-            %392 = arith.addf %391, %390 : f32
-            memref.store %392, %384[] : memref<f32>
+          %386 = memref.alloca() : memref<f32>
+          %387 = arith.constant 0.000000e+00 : f32
+          memref.store %387, %386[] : memref<f32>
+          %388 = arith.constant 1 : i64
+          scf.for %389 = %41 to %48 step %388 : i64 {
+            %390 = arith.index_cast %389 : i64 to index
+            %391 = arith.index_cast %385 : i64 to index
+            %392 = memref.load %51[%390, %391] : memref<?x?xf32>
+            %393 = memref.load %386[] : memref<f32>
+            %394 = arith.addf %393, %392 : f32
+            memref.store %394, %386[] : memref<f32>
           }
-          %393 = memref.load %384[] : memref<f32>
-          %394 = arith.index_cast %383 : i64 to index
-          %395 = arith.truncf %393 : f32 to bf16
-          memref.store %395, %grad_w[%394] : memref<?xbf16, strided<[?], offset: ?>>
+          %395 = memref.load %386[] : memref<f32>
+          %396 = arith.index_cast %385 : i64 to index
+          %397 = arith.truncf %395 : f32 to bf16
+          memref.store %397, %grad_w[%396] : memref<?xbf16, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %396 = memref.load %0[] : memref<i32>
-    func.return %396 : i32
+    %398 = memref.load %0[] : memref<i32>
+    func.return %398 : i32
   }
 }
