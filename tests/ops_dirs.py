@@ -34,3 +34,19 @@ def built_ops(root: Path, package: str, sources: dict[str, str]) -> Iterator[dic
         else:
             os.environ["OPGEN_OPS_DIR"] = saved
         registry.load_all.cache_clear()
+
+
+@contextmanager
+def built_ops_patched(root: Path, package: str, sources: dict[str, str], module: object, attr: str,
+                      value: object) -> Iterator[dict[str, object]]:
+    """:func:`built_ops` with ``module.attr`` set to ``value`` while it builds and runs (a pass
+    turned off, to compare the library without it), restored afterwards."""
+    import pytest
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(module, attr, value)
+    try:
+        with built_ops(root, package, sources) as b:
+            yield b
+    finally:
+        mp.undo()

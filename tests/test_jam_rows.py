@@ -24,7 +24,7 @@ from opgen.lower import jam_rows
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import CpuMapping, cpu_mapping
 from opgen.passes import pipeline
-from tests.ops_dirs import built_ops
+from tests.ops_dirs import built_ops, built_ops_patched
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
 OPS = '''
@@ -55,13 +55,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
 @pytest.fixture(scope="module")
 def unjammed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The same op built without the pass."""
-    mp = pytest.MonkeyPatch()
-    mp.setattr(jam_rows, "FACTOR", 1)
-    try:
-        with built_ops(tmp_path_factory.mktemp("jam_rows_off"), "opgen_test_jam_rows_off", {"n.py": OPS}) as b:
-            yield b["lib"]
-    finally:
-        mp.undo()
+    with built_ops_patched(tmp_path_factory.mktemp("jam_rows_off"), "opgen_test_jam_rows_off", {"n.py": OPS},
+                           jam_rows, "FACTOR", 1) as b:
+        yield b["lib"]
 
 
 def _staged(name: str, stage: str) -> list[s.KernelOp]:
@@ -159,7 +155,7 @@ def test_a_written_or_aliased_row_read_elsewhere_is_not_jammed(param):
     row other than the counter's — row 0 — could meet the other row of a pair: refused; x, which
     nothing writes, may be read anywhere."""
     k, loop, second = _rms_row_loop()
-    aliased = jam_rows._aliased(k)
+    aliased = k.aliased_args
     by_name = {n: a for a, n in k.param_names.items()}
     assert jam_rows.jammable(loop, aliased) is second
     zero = ir.ConstantOp(0, "i64")

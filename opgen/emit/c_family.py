@@ -439,10 +439,15 @@ class CPrinter:
         elif isinstance(op, s.PrefetchOp):
             macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
             guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
+            idx = list(op.idx)
             if op.span is not None:
                 self.span_prefetch(op, macro, guard)
+            elif op.shift is not None:
+                at = self._raw_offset(op.buf, (*(self.name(v) for v in idx[:-1]),
+                                               f"({self.name(idx[-1])} + {self.name(op.shift)})"))
+                self.line(f"{guard}{macro}({self.name(op.buf)}, {at}, {op.ahead.data});")
             else:
-                self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
+                self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, idx)}, {op.ahead.data});")
         elif isinstance(op, s.LoadFnOp):
             self.load_fn(op)
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already

@@ -208,6 +208,31 @@ def streams(op: s.ForOp, read_before: set[SSAValue]) -> list[s.LoadOp]:
             if ld.buf not in read_before and s.buf_type(ld.buf).role.data in ("in", "out")]
 
 
+def shifted_streams(op: s.ForOp, read_before: set[SSAValue]) -> list[tuple[s.LoadOp, SSAValue]]:
+    """The loads of an :func:`independent` loop ``op`` that read a row at a column offset,
+    ``buf[..., j + k]`` (``j`` ``op``'s counter, ``k`` defined outside ``op``, the other indices
+    enclosing loops' counters: a concat's or a rotation's other half of the row), in caller
+    tensors no earlier loop of the enclosing body (``read_before``) has read, with their ``k``;
+    a ``stream`` loop prefetches them ahead as it does its plain rows (``sched.prefetch ...
+    shift k``). Rotary-embedding backward f32 4096x32x128, 2 threads, outputs given: the
+    rotated half's lines had been left to the hardware, 2.59 -> 2.38 ms."""
+    if not independent(op):
+        return []
+    out: dict[tuple[SSAValue, ...], tuple[s.LoadOp, SSAValue]] = {}
+    for ld in op.body.block.ops:
+        if not isinstance(ld, s.LoadOp) or s.buf_type(ld.buf).role.data not in ("in", "out") or ld.buf in read_before:
+            continue
+        *rest, last = ld.idx
+        add = last.owner
+        if len(rest) < 1 or not isinstance(add, ir.AddOp) or not all(_is_counter(i) and i is not op.iv for i in rest):
+            continue
+        k = add.rhs if add.lhs is op.iv else add.lhs if add.rhs is op.iv else None
+        if k is None or (isinstance(k.owner, Operation) and op.is_ancestor(k.owner)) or k is op.iv:
+            continue
+        out.setdefault((ld.buf, *rest, k), (ld, k))
+    return list(out.values())
+
+
 def staged_stores(op: s.ForOp) -> list[s.StoreOp]:
     """The stores of a ``stream`` loop ``op`` it stages: into caller tensors of rank 2 or more,
     indexed by ``op``'s counter last and nowhere else (a strip's values are consecutive elements
@@ -287,11 +312,16 @@ def _map(op: Operation, in_parallel: bool) -> None:
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.OMP_FOR)
                     elif lane_split(o):
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.LANES)
-                    elif in_parallel and (loads := streams(o, read)) + (nexts := next_rows(o, op, read)):
+                    elif in_parallel and any(hints := (streams(o, read), next_rows(o, op, read),
+                                                       shifted_streams(o, read))):
+                        loads, nexts, shifted = hints
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.STREAM)
                         first = o.body.block.first_op
                         for ld in loads:
                             o.body.block.insert_op_before(s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD), first)
+                        for ld, k in shifted:
+                            hint = s.PrefetchOp(ld.buf, [*ld.idx[:-1], o.iv], PREFETCH_AHEAD, shift=k)
+                            o.body.block.insert_op_before(hint, first)
                         if nexts:
                             _prefetch_next_rows(o, op, nexts)
                         for st in staged_stores(o):

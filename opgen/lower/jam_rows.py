@@ -102,8 +102,6 @@ def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
     written = s.effects(loop)[1] - local - accs
     if any(s.buf_type(b).role.data not in ("in", "out") for b in written):
         return None  # (a temp shared by the rows)
-    rows_of = written | aliased  # (caller tensors every access of which must name its own row)
-    axes: set[int] = set()
     for o in loop.walk():
         if isinstance(o, s.BufferMatmulOp | s.PackOp | s.SegmentsOp | s.SegmentStartOp | s.RequireOp | s.IfOp):
             return None
@@ -113,9 +111,7 @@ def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
         elif isinstance(o, s.LoadOp | s.LoadBitOp | s.LoadFnOp | s.PrefetchOp | s.StoreOp | s.AccumOp):
             if o.buf in accs:
                 return None
-            if o.buf in rows_of:
-                idx = [o.i] if isinstance(o, s.LoadBitOp) else list(o.idx)
-                axes |= {a for a, v in enumerate(idx) if v is loop.iv} or {-1}
+    axes = s.counter_axes(loop, written | aliased)  # (caller tensors every access of which must name its own row)
     return second if len(axes) <= 1 and -1 not in axes else None
 
 
@@ -160,12 +156,6 @@ def jam(loop: s.ForOp, second: s.ForOp, factor: int) -> None:
     loop.operands = [rest_lo.result, loop.hi]
 
 
-def _aliased(k: s.KernelOp) -> set[SSAValue]:
-    """The kernel's buffers named in a ``may_alias`` pair."""
-    names = k.aliased
-    return {a for a, n in k.param_names.items() if n in names}
-
-
 class JamRows(ModulePass):
     """Unroll-and-jam row loops whose second pass adds into column accumulators (module
     docstring)."""
@@ -178,7 +168,7 @@ class JamRows(ModulePass):
         for k in op.body.block.ops:
             if not isinstance(k, s.KernelOp):
                 continue
-            aliased = _aliased(k)
+            aliased = k.aliased_args
             for loop in [o for o in k.walk() if isinstance(o, s.ForOp)]:
                 second = jammable(loop, aliased)
                 if second is not None:

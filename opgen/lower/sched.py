@@ -273,6 +273,12 @@ class KernelOp(IRDLOperation):
         return frozenset(n for o, i in pairs for n in (o, i.data))  # type: ignore[attr-defined]
 
     @property
+    def aliased_args(self) -> set[SSAValue]:
+        """The block arguments of the parameters in :attr:`aliased`."""
+        names = self.aliased
+        return {a for a, n in self.param_names.items() if n in names}
+
+    @property
     def param_names(self) -> dict[SSAValue, str]:
         """Each block argument's parameter name."""
         return {a: n.data for a, n in zip(self.body.block.args, self.arg_names.data, strict=True)}
@@ -509,29 +515,37 @@ class PrefetchOp(IRDLOperation):
 
     ``span`` (optional, an i64 count): the hint covers ``span`` elements along the last axis
     from ``buf[idx...]``, every cache line of them (a whole gathered row:
-    opgen/lower/gather_prefetch.py); without it, the one line ``ahead`` bytes past the element."""
+    opgen/lower/gather_prefetch.py); without it, the one line ``ahead`` bytes past the element.
+
+    ``shift`` (optional, an i64 count): the element is ``shift`` further along the last axis,
+    ``buf[..., idx[-1] + shift]`` (a row read at a column offset: map-cpu's ``stream`` loops)."""
 
     name = "sched.prefetch"
     buf = operand_def(BufType)
     idx = var_operand_def(EqAttrConstraint(INDEX))
     span = opt_operand_def(EqAttrConstraint(INDEX))
+    shift = opt_operand_def(EqAttrConstraint(INDEX))
     ahead = prop_def(IntAttr)
     write = opt_prop_def(UnitAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(MemoryReadEffect())
-    assembly_format = "$buf `[` $idx `]` (`span` $span^)? `ahead` $ahead (`write` $write^)? attr-dict `:` type($buf)"
+    assembly_format = ("$buf `[` $idx `]` (`span` $span^)? (`shift` $shift^)? `ahead` $ahead (`write` $write^)? "
+                       "attr-dict `:` type($buf)")
 
     def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, write: bool = False,
-                 span: SSAValue | None = None):
+                 span: SSAValue | None = None, shift: SSAValue | None = None):
         props: dict[str, Attribute] = {"ahead": IntAttr(ahead)}
         if write:
             props["write"] = UnitAttr()
-        super().__init__(operands=[buf, idx, [span] if span is not None else []], properties=props)
+        super().__init__(operands=[buf, idx, [span] if span is not None else [], [shift] if shift is not None else []],
+                         properties=props)
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
         if self.ahead.data < 0:
             raise VerifyException("sched.prefetch: ahead must be a number of bytes, 0 or more")
+        if self.span is not None and self.shift is not None:
+            raise VerifyException("sched.prefetch: a span starts at its element (no shift)")
 
 
 @irdl_op_definition
@@ -837,6 +851,20 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
             reads.add(o.idx)
             writes |= {o.seg, o.order}
     return reads, writes
+
+
+def counter_axes(loop: ForOp, bufs: set[SSAValue], counter: SSAValue | None = None) -> set[int]:
+    """The axes at which the accesses inside ``loop`` to ``bufs`` (loads, stores, accumulations,
+    prefetches) name ``counter`` (``loop``'s own by default) itself, with -1 for an access that
+    names it at none: one axis and no -1 means iteration ``i`` touches only slice ``i`` of each
+    buffer (the legality of jam-rows and fuse-siblings)."""
+    counter = loop.iv if counter is None else counter
+    axes: set[int] = set()
+    for o in loop.walk():
+        if isinstance(o, LoadOp | LoadBitOp | LoadFnOp | PrefetchOp | StoreOp | AccumOp) and o.buf in bufs:
+            idx = [o.i] if isinstance(o, LoadBitOp) else list(o.idx)
+            axes |= {a for a, v in enumerate(idx) if v is counter} or {-1}
+    return axes
 
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, LoadFnOp, YieldOp, PrefetchOp, LoadBitOp,

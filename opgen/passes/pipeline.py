@@ -31,6 +31,7 @@ from opgen.lower.cpu_map import MapCpu
 from opgen.lower.empty_ranges import SpecialiseEmptyRanges
 from opgen.lower.expand_math import ExpandMath
 from opgen.lower.fuse_reductions import FuseReductions
+from opgen.lower.fuse_siblings import FuseSiblings
 from opgen.lower.gather_prefetch import PrefetchGathers
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
@@ -65,7 +66,9 @@ GPU_MAPPING: list[ModulePass] = [MapGpu(), PlanGpuWorkspace(), ChunkGpuLoops(), 
 
 PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
-    # C11 + OpenMP: loops over buffers (independent reductions over one range fused; a matmul
+    # C11 + OpenMP: loops over buffers (independent reductions over one range fused, adjacent
+    # parallel loops over one range too where each iteration touches its own slice:
+    # opgen/lower/fuse_siblings.py; a matmul
     # feeding only an elementwise epilogue writes its output: opgen/lower/matmul_output.py; a
     # matmul of bf16 values takes bf16 products, AMX or AVX512-BF16 where the machine has them:
     # opgen/lower/narrow_products.py, its right-hand operand packed once before the loops that
@@ -82,8 +85,9 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # Index and mask parameters are read in one dtype (i64/bool), converted by the binder: kernels per
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
-            CommonSubexpressionElimination(), CanonicalizePass(), MatmulIntoOutput(), NarrowProducts(), HoistPacking(),
-            ColumnStrips(), JamRows(), MapCpu(), SpecialiseEmptyRanges(), PrefetchGathers(), Tabulate()],
+            CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
+            HoistPacking(), ColumnStrips(), JamRows(), MapCpu(), SpecialiseEmptyRanges(), PrefetchGathers(),
+            Tabulate()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
