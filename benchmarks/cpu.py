@@ -7,16 +7,15 @@ outputs, as a caller of either would. Memory-bound rows also show opgen's time w
 given (the kernel alone, without the zeroing of fresh pages) and its bandwidth as a percentage of
 this machine's copy bandwidth (bytes read + written by the fastest of a numpy copy, PyTorch's
 ``copy_`` and a copy with streaming stores (benchmarks/stream_copy.c) on the same threads, of as
-many bytes as the row moves, timed alternately with the row's
-calls: a VM's memory bandwidth drifts, within seconds on the Zen 5 machine; the median over the
-repetitions of each call against the copy timed right after it; each timed call and each timed
-copy right after an untimed one of itself, so neither pays for the other's dirty cache lines; the
-bandwidth of a 256 MiB copy at the start is printed too); the new ops' rows add their time with
-the data in cache, which shows the rows that are compute-bound here. Products in f32 show the
-fraction of the f32 FMA peak, products in bf16 that of the bf16 dot-product peak (AVX512-BF16), both sides
-(benchmarks/fma_peak.c, measured in the same run). FLCE peak memory is
-measured in a fresh subprocess per contender (resident-set growth over the call, sampled every
-millisecond).
+many bytes as the row moves, timed alternately with the row's calls: a VM's memory bandwidth
+drifts, within seconds on the Zen 5 machine; the median over the repetitions of each call against
+the copy timed right after it; each timed call and each timed copy right after an untimed one of
+itself, so neither pays for the other's dirty cache lines; the bandwidth of a 256 MiB copy at the
+start is printed too); the new ops' rows add their time with the data in cache, which shows the
+rows that are compute-bound here. Products in f32 show the fraction of the f32 FMA peak, products
+in bf16 that of the bf16 dot-product peak (AVX512-BF16), both sides (benchmarks/fma_peak.c,
+measured in the same run). FLCE peak memory is measured in a fresh subprocess per contender
+(resident-set growth over the call, sampled every millisecond).
 """
 
 from __future__ import annotations
