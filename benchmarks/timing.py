@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -82,26 +83,22 @@ def copier(nbytes: int) -> Callable[[], float]:
     return lambda: min(timed(c) for c in copies)
 
 
-_STREAM_COPY: list = []
-
-
+@functools.cache
 def _stream_copy_lib() -> object | None:
     """benchmarks/stream_copy.c as a shared library (compiled once per process), or None when no
     C compiler builds it."""
-    if not _STREAM_COPY:
-        import ctypes
-        import os
-        import subprocess
-        import tempfile
+    import ctypes
+    import os
+    import subprocess
+    import tempfile
 
-        from opgen import compile as cc
+    from opgen import compile as cc
 
-        so = os.path.join(tempfile.mkdtemp(), "stream_copy.so")
-        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_copy.c")
-        try:
-            r = subprocess.run([cc.compiler(), "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", so],
-                               capture_output=True, text=True)
-            _STREAM_COPY.append(ctypes.CDLL(so) if r.returncode == 0 else None)
-        except (OSError, cc.CompileError):
-            _STREAM_COPY.append(None)
-    return _STREAM_COPY[0]
+    so = os.path.join(tempfile.mkdtemp(), "stream_copy.so")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_copy.c")
+    try:
+        r = subprocess.run([cc.compiler(), "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", so],
+                           capture_output=True, text=True)
+    except (OSError, cc.CompileError):
+        return None
+    return ctypes.CDLL(so) if r.returncode == 0 else None

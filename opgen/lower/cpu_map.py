@@ -227,7 +227,7 @@ def shifted_streams(op: s.ForOp, read_before: set[SSAValue]) -> list[tuple[s.Loa
         if len(rest) < 1 or not isinstance(add, ir.AddOp) or not all(_is_counter(i) and i is not op.iv for i in rest):
             continue
         k = add.rhs if add.lhs is op.iv else add.lhs if add.rhs is op.iv else None
-        if k is None or (isinstance(k.owner, Operation) and op.is_ancestor(k.owner)) or k is op.iv:
+        if k is None or not s.defined_outside(op, k):
             continue
         out.setdefault((ld.buf, *rest, k), (ld, k))
     return list(out.values())

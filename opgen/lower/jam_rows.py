@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from opgen.ir import dialect as ir
@@ -63,24 +63,15 @@ from opgen.lower.cpu_map import counter_expr, independent
 FACTOR = 2
 
 
-def _outside(loop: Operation, v: SSAValue) -> bool:
-    """``v`` is defined outside ``loop`` (not in its body, not one of its counters)."""
-    owner = v.owner
-    if isinstance(owner, Block):
-        parent = owner.parent_op()
-        return parent is None or not loop.is_ancestor(parent)
-    return not loop.is_ancestor(owner)
-
-
 def _accumulators(loop: s.ForOp, second: s.ForOp) -> set[SSAValue] | None:
     """The accumulators of the second pass (buffers defined outside the row loop that it adds
     into, at its counter), or None where one of its accumulations is not such."""
     accs: set[SSAValue] = set()
     for o in second.body.block.ops:
-        if isinstance(o, s.AccumOp) and _outside(loop, o.buf):
+        if isinstance(o, s.AccumOp) and s.defined_outside(loop, o.buf):
             if o.kind.data != "sum" or second.iv not in o.idx:
                 return None
-            if not all(v is second.iv or _outside(loop, v) for v in o.idx):  # (so never the row counter)
+            if not all(v is second.iv or s.defined_outside(loop, v) for v in o.idx):  # (so never the row counter)
                 return None
             accs.add(o.buf)
     return accs
@@ -93,7 +84,7 @@ def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
         return None  # (a range read at run time, a scatter-add's segment: empty-ranges' and prefetch-gathers')
     second = loop.body.block.last_op
     if not (isinstance(second, s.ForOp) and independent(second)
-            and _outside(loop, second.lo) and _outside(loop, second.hi)):
+            and s.defined_outside(loop, second.lo) and s.defined_outside(loop, second.hi)):
         return None
     accs = _accumulators(loop, second)
     if not accs:

@@ -853,6 +853,15 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     return reads, writes
 
 
+def defined_outside(loop: Operation, v: SSAValue) -> bool:
+    """``v`` is defined outside ``loop`` (not in its body, not one of its counters)."""
+    owner = v.owner
+    if isinstance(owner, Block):
+        parent = owner.parent_op()
+        return parent is None or not loop.is_ancestor(parent)
+    return not loop.is_ancestor(owner)
+
+
 def counter_axes(loop: ForOp, bufs: set[SSAValue], counter: SSAValue | None = None) -> set[int]:
     """The axes at which the accesses inside ``loop`` to ``bufs`` (loads, stores, accumulations,
     prefetches) name ``counter`` (``loop``'s own by default) itself, with -1 for an access that
