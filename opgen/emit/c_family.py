@@ -21,7 +21,7 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import ZERO_FILL, cpu_mapping, lanes, loaded_bytes, strip, zero_fill_loop
+from opgen.lower.cpu_map import ZERO_FILL, copies, cpu_mapping, lanes, loaded_bytes, strip, zero_fill_loop
 from opgen.lower.sched import CpuMapping
 
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
@@ -146,6 +146,7 @@ class CPrinter:
         self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
         #: staged stores of the strip being printed, by staging array (None: a fill, nothing staged)
         self.staged: dict[Operation, str | None] = {}
+        self.strip_lane = "l"  # where in its staging array the strip being printed stores (stream_loop)
         #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
         self.nt: dict[SSAValue, str] = {}
         self.kz: dict[SSAValue, str] = {}  # outputs with zero_fill stores -> their known-zero flag
@@ -410,7 +411,7 @@ class CPrinter:
             self.branch(op)
         elif isinstance(op, s.StoreOp) and op in self.staged:  # (inside its stream loop's strip)
             if self.staged[op] is not None:
-                self.line(f"{self.staged[op]}[l] = {self.name(op.value)};")
+                self.line(f"{self.staged[op]}[{self.strip_lane}] = {self.name(op.value)};")
         elif isinstance(op, s.StoreOp):
             b = s.buf_type(op.buf)
             val = self.store_value(b, self.name(op.value), ir.tensor_type(op.value).dtype)
@@ -480,13 +481,29 @@ class CPrinter:
         if self.dtype(s.buf_type(op.buf).dtype).name in self.TABULATED:
             self.define(op.result, f"{self.table(op)}[{self.elem_ref(op.buf, list(op.idx))}]")
             return
-        self.names[op.result] = self.names[self.apply_fn(op, self.load_expr(op.buf, list(op.idx)))]
+        for print_step, _ in self.steps(op):
+            print_step()
 
     def apply_fn(self, op: s.LoadFnOp, element: str) -> SSAValue:
         """Print ``op``'s region on the widened element ``element`` (C); the value it yields."""
-        self.define(op.arg, element)
-        self.walk(o for o in op.body.block.ops if not isinstance(o, s.YieldOp))
+        for print_step, _ in self.fn_steps(op, lambda: element):
+            print_step()
         return op.value
+
+    def fn_steps(self, op: s.LoadFnOp, element: Callable[[], str]) -> list[tuple[Callable[[], None], list[SSAValue]]]:
+        """The statements of ``op``'s region on the element ``element()`` prints (:meth:`steps`)."""
+        inner = [o for o in op.body.block.ops if not isinstance(o, s.YieldOp)]
+        return [(lambda: self.define(op.arg, element()), [op.arg]),
+                *((lambda o=o: self.stmt(o), list(o.results)) for o in inner)]
+
+    def steps(self, op: Operation) -> list[tuple[Callable[[], None], list[SSAValue]]]:
+        """``op``'s statements as :meth:`interleave` takes turns at them, each with the values it
+        names: one, or those of a ``sched.load_fn`` printed in place (its region's, then its
+        result named as the value the region yields)."""
+        if not isinstance(op, s.LoadFnOp) or self.dtype(s.buf_type(op.buf).dtype).name in self.TABULATED:
+            return [(lambda: self.stmt(op), list(op.results))]
+        return [*self.fn_steps(op, lambda: self.load_expr(op.buf, list(op.idx))),
+                (lambda: self.names.__setitem__(op.result, self.names[op.value]), [op.result])]
 
     def table(self, op: s.LoadFnOp) -> str:
         """The C array holding ``op``'s function of every value of its element (a target with
@@ -569,36 +586,41 @@ class CPrinter:
 
     def stream_loop(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         """map-cpu's ``stream`` loop: strips of one line (:func:`~opgen.lower.cpu_map.strip`),
-        each after its prefetches (the loop's ``sched.prefetch`` ops, at the strip's first
-        iteration), then the tail."""
+        ``copies`` of them a step (:func:`~opgen.lower.cpu_map.copies`: the body printed once
+        per strip, statement by statement in turn), each strip after its prefetches (the loop's
+        ``sched.prefetch`` ops, at the strip's first iteration), then the tail."""
         body = list(op.body.block.ops)
         hints = [o for o in body if isinstance(o, s.PrefetchOp)]
         rest = [o for o in body if not isinstance(o, s.PrefetchOp)]
         staged = [o for o in rest if isinstance(o, s.StoreOp) and self.staged_store(o)]
         lines = hints or [o for o in rest if isinstance(o, s.StoreOp) and cpu_mapping(o) == CpuMapping.NONTEMPORAL]
-        n = strip([self.dtype(s.buf_type(b.buf).dtype).itemsize for b in lines])
+        sizes = [self.dtype(s.buf_type(b.buf).dtype).itemsize for b in lines]
+        n, k = strip(sizes), copies(op, sizes)
         base = self.fresh("r")
+        starts = [base if c == 0 else f"({base} + {c * n})" for c in range(k)]  # (each strip's first iteration)
         self.line("{")
         self.depth += 1
         self.line(f"int64_t {base} = {lo};")
         self.peel_to_line(op, iv, base, hi, [st for st in staged if st.buf in self.nt], rest)
-        self.line(f"for (; {base} + {n} <= {hi}; {base} += {n}) {{")
+        self.line(f"for (; {base} + {n * k} <= {hi}; {base} += {n * k}) {{")
         self.depth += 1
-        self.strip_hints(op, hints, base, iv)
+        for start in starts:
+            self.strip_hints(op, hints, start, iv)
         for st in staged:
             if self.invariant(op, st.value):  # (a fill: the value converted once)
                 self.staged[st] = None
                 continue
             self.staged[st] = self.fresh("stg")
-            self.line(f"_Alignas(64) {self.ctype(ir.tensor_type(st.value).dtype)} {self.staged[st]}[{n}];")
+            self.line(f"_Alignas(64) {self.ctype(ir.tensor_type(st.value).dtype)} {self.staged[st]}[{n * k}];")
         self.simd_hook()
         self.line(f"for (int l = 0; l < {n}; l++) {{")
         self.depth += 1
-        self.line(f"const int64_t {iv} = {base} + l; (void){iv};")
-        self.walk(iter(rest))
+        ivs = [iv] + [self.fresh("i") for _ in range(k - 1)]
+        for i, start in zip(ivs, starts, strict=True):
+            self.line(f"const int64_t {i} = {start} + l; (void){i};")
+        self.interleave(op, rest, ivs, n)
         self.depth -= 1
         self.line("}")
-        self.names[op.iv] = base
         for st in staged:
             b = s.buf_type(st.buf)
             step = "1" if self.unit_axis(self.arg_of[st.buf], b.rank - 1, b.rank) else \
@@ -606,7 +628,10 @@ class CPrinter:
             nt = self.mention(self.nt[st.buf]) if st.buf in self.nt else "0"
             stg = self.staged.pop(st)
             fn = (self.STRIP_STORE if stg else self.FILL_STRIP)[self.dtype(b.dtype).name]
-            self.line(f"{fn}(&{self.elem_ref(st.buf, list(st.idx))}, {step}, {stg or self.name(st.value)}, {n}, {nt});")
+            for c, start in enumerate(starts):
+                self.names[op.iv] = start
+                src = (f"{stg} + {c * n}" if c else stg) if stg else self.name(st.value)
+                self.line(f"{fn}(&{self.elem_ref(st.buf, list(st.idx))}, {step}, {src}, {n}, {nt});")
         self.names[op.iv] = iv
         self.depth -= 1
         self.line("}")
@@ -617,6 +642,21 @@ class CPrinter:
         self.depth -= 2
         self.line("    }")
         self.line("}")
+
+    def interleave(self, op: s.ForOp, ops: list[Operation], ivs: list[str], n: int) -> None:
+        """``ops`` (the body of stream loop ``op``) once for each of a step's strips, the copies'
+        statements in turn (:meth:`steps`): copy ``c`` has counter ``ivs[c]``, its own names for
+        the values the body defines, and stages its stores at ``l + c * n``."""
+        own: list[dict[SSAValue, str]] = [{} for _ in ivs]
+        for print_step, defines in (step for o in ops for step in self.steps(o)):
+            for c, i in enumerate(ivs):
+                self.names.update(own[c])
+                self.names[op.iv] = i
+                self.strip_lane = f"l + {c * n}" if c else "l"
+                print_step()
+                own[c].update((v, self.names[v]) for v in defines if v in self.names)
+        self.strip_lane = "l"
+        self.names[op.iv] = ivs[0]
 
     @staticmethod
     def invariant(op: s.ForOp, v: SSAValue) -> bool:

@@ -1,0 +1,151 @@
+"""Interleaved strips of map-cpu's ``stream`` loops (:func:`opgen.lower.cpu_map.copies`).
+
+A stream loop whose strip is one vector of f32 and whose body computes something slow from what
+it reads runs four strips a step, the four copies of its body printed statement by statement in
+turn (opgen/emit/c_family.py, ``stream_loop``). On ops written only in the tests (GELU exact and
+tanh, SiLU, softmax backward): which loops interleave, the C of one, results against a float64
+numpy reference and bitwise against the same ops built without interleaving (row lengths around
+the step of 64, unit-stride and strided rows), and the library under ASan/UBSan.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+from collections.abc import Iterator
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from opgen import runtime
+from opgen.lower import cpu_map
+from opgen.lower import sched as s
+from opgen.passes import pipeline
+from tests.ops_dirs import built_ops, built_ops_patched
+from tests.test_ascendc import NEW_OPS
+from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
+from tests.test_new_op_backends import GELU, GELU_TANH
+
+SOURCES = {"new_ops.py": NEW_OPS, "gelu_ops.py": GELU, "gelu_tanh_ops.py": GELU_TANH}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    with built_ops(tmp_path_factory.mktemp("interleave"), "opgen_test_interleave", SOURCES) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The same ops built with one strip a step."""
+    with built_ops_patched(tmp_path_factory.mktemp("interleave_off"), "opgen_test_interleave_off", SOURCES,
+                           cpu_map, "COPIES", 1) as b:
+        yield b["lib"]
+
+
+def _stream_loops(built: dict, name: str) -> list[s.ForOp]:
+    m = built["ops"][name].module()
+    pipeline.run(m, "cpu")
+    return [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
+
+
+@pytest.mark.parametrize("name, slow", [("gelu_backward", True), ("gelu_tanh_backward", True),
+                                        ("silu_backward", True), ("softmax_backward", False)])
+def test_slow_bodies_interleave_in_f32_only(built, name, slow):
+    """GELU (erf, exp), GELU-tanh and SiLU (exp, a division) compute slowly per element: four
+    strips a step in f32 (a strip of 16, one vector), one in bf16 and f16 (a strip of 32 is two
+    vectors already). Softmax's second pass (a subtraction and a product per element; its row
+    sum is loop-invariant) interleaves nowhere."""
+    (loop,) = _stream_loops(built, name)
+    assert cpu_map.slow(loop) == slow
+    assert cpu_map.copies(loop, [4, 4]) == (cpu_map.COPIES if slow else 1)
+    assert cpu_map.copies(loop, [2, 2]) == 1
+
+
+def test_invariant_slow_work_does_not_count(built):
+    """LayerNorm backward's second pass divides and takes a square root only of its row
+    statistics (loop-invariant: the compiler computes them once a row): not slow."""
+    loops = _stream_loops(built, "layer_norm_backward")
+    assert loops and not any(cpu_map.slow(o) for o in loops)
+
+
+def test_the_f32_strip_runs_four_interleaved_copies(built):
+    """The C of GELU-tanh backward's unit-stride f32 instance: a step of 64 elements, each of the
+    four lines prefetched in both rows it reads, the copies' loads and tanh calls side by side,
+    and four strip stores (a line each, so each may stream)."""
+    from opgen.emit import cpu
+
+    text = cpu.op_source(built["ops"]["gelu_tanh_backward"])
+    f32 = text[text.index("k_gelu_tanh_backward_f32_u("):]
+    f32 = f32[:f32.index("return OPGEN_SUCCESS")]
+    head = f32.index("+ 64 <= d_D; ")
+    strip = f32[head:f32.index("#pragma omp simd", f32.index("store_strip", head))]
+    for k in (16, 32, 48):
+        for row in ("p_grad", "p_x"):
+            assert re.search(rf"OPGEN_PREFETCH\({row}, [^;]*\(r\d+ \+ {k}\), 2048\);", strip)
+        assert re.search(rf"opgen_f32_store_strip\(&p_dx\[[^;]*\(r\d+ \+ {k}\)\], 1, stg\d+ \+ {k}, 16, ", strip)
+    assert strip.count("OPGEN_PREFETCH(p_grad, ") == strip.count("OPGEN_PREFETCH(p_x, ") == 4
+    assert strip.count("opgen_tanhf(") == 4 and strip.count("opgen_f32_store_strip(") == 4
+    lines = [ln.strip() for ln in strip.splitlines()]
+    loads = [i for i, ln in enumerate(lines) if "= p_x[" in ln]
+    assert len(loads) == 4 and loads == list(range(loads[0], loads[0] + 4))  # (in turn, not one copy after another)
+    tanhs = [i for i, ln in enumerate(lines) if "opgen_tanhf(" in ln]
+    assert tanhs == list(range(tanhs[0], tanhs[0] + 4))
+    bf16 = text[text.index("k_gelu_tanh_backward_bf16_u("):]
+    assert "+ 32 <= d_D; " in bf16[:bf16.index("return OPGEN_SUCCESS")]
+
+
+def _want(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray:
+    if name == "gelu_backward":
+        erf = np.vectorize(math.erf)(x / math.sqrt(2))
+        return g * (0.5 * (1 + erf) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+    if name == "gelu_tanh_backward":
+        c = math.sqrt(2 / math.pi)
+        th = np.tanh(c * (x + 0.044715 * x**3))
+        return g * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * 0.044715 * x * x))
+    sg = 1 / (1 + np.exp(-x))
+    return g * sg * (1 + x * (1 - sg))
+
+
+@pytest.mark.parametrize("name", ["gelu_backward", "gelu_tanh_backward", "silu_backward"])
+@pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("d", [1, 15, 16, 17, 63, 64, 65, 130, 200])
+@pytest.mark.parametrize("strided", [False, True])
+def test_results_match_numpy_and_the_single_strip_build(built, single, rng, name, dt, d, strided):
+    """Row lengths below, at and around the step (64) and the strip (16): the float64 reference
+    within the dtype's margin, and bitwise the build with one strip a step (interleaving
+    reorders statements, never an element's arithmetic). Strided rows take the general flavour."""
+    n = 3
+    g = rng.standard_normal((n, 2 * d if strided else d)).astype(dt)
+    x = (3 * rng.standard_normal((n, 2 * d if strided else d))).astype(dt)
+    if strided:
+        g, x = g[:, ::2], x[:, ::2]
+    got = np.asarray(runtime.call(name, lib=built["lib"], grad=g, x=x)["dx"])
+    off = np.asarray(runtime.call(name, lib=single, grad=g, x=x)["dx"])
+    want = _want(name, g.astype(np.float64), x.astype(np.float64))
+    tol = 2e-6 if dt == np.float32 else 1e-2
+    assert np.abs(got.astype(np.float64) - want).max() <= tol * (np.abs(want).max() + 1)
+    assert np.array_equal(got.view(np.uint8), off.view(np.uint8))
+
+
+SANITIZED = textwrap.dedent("""
+    import sys, numpy as np, ml_dtypes
+    from opgen import runtime
+    lib = runtime.load(sys.argv[1])
+    rng = np.random.default_rng(0)
+    for name in ("gelu_backward", "gelu_tanh_backward", "silu_backward"):
+        for n, d in ((1, 1), (2, 63), (3, 64), (5, 65), (4, 200), (2, 4096)):
+            g = rng.standard_normal((n, d)).astype(np.float32)
+            runtime.call(name, lib=lib, grad=g, x=g[::-1].copy())
+            wide = rng.standard_normal((n, 2 * d)).astype(np.float32)  # (strided rows)
+            runtime.call(name, lib=lib, grad=wide[:, ::2], x=wide[:, 1::2])
+            off = np.zeros(n * d + 5, np.float32)[5:].reshape(n, d)  # (rows off a line)
+            runtime.call(name, lib=lib, grad=g, x=g, dx=off)
+    print("done")
+""")
+
+
+def test_interleaved_strips_are_clean_under_asan_and_ubsan(built):
+    assert_clean_under_sanitizers(built, SANITIZED)
