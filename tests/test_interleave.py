@@ -60,6 +60,8 @@ def test_slow_bodies_interleave_in_f32_only(built, name, slow):
     sum is loop-invariant) interleaves nowhere."""
     (loop,) = _stream_loops(built, name)
     assert cpu_map.slow(loop) == slow
+    assert (cpu_map.COPIES_ATTR in loop.attributes) == slow  # (map-cpu's decision, in the IR opgen show prints)
+    assert "copies = 4 : i64" in str(loop) if slow else "copies" not in str(loop)
     assert cpu_map.copies(loop, [4, 4]) == (cpu_map.COPIES if slow else 1)
     assert cpu_map.copies(loop, [2, 2]) == 1
 

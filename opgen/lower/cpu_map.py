@@ -24,7 +24,9 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
   prefetches the same row's columns of the *next* row (:func:`next_rows`), which the
   sibling loop will read next: the second pass over a row (softmax's, a norm's gradient) then
   keeps memory busy while it computes (softmax backward, 8192x4096, 2 threads, outputs given:
-  13.2 -> 12.1 ms f32, 7.1 -> 6.5 ms bf16; :func:`_prefetch_next_rows`);
+  13.2 -> 12.1 ms f32, 7.1 -> 6.5 ms bf16; :func:`_prefetch_next_rows`). A stream loop whose
+  body computes something slow from what it reads (:func:`slow`) gets ``copies = 4``: an f32
+  instance runs four strips a step, their bodies interleaved (:func:`copies`);
 
 * a second pass over a row (a stream loop with next-row prefetches) also prefetches the rows it
   writes (its :func:`staged_stores`) ``PREFETCH_AHEAD`` bytes ahead, for writing
@@ -76,8 +78,10 @@ MAPPING = "cpu_mapping"
 LANES = 16
 #: bytes per strip of a ``stream`` loop: one cache line
 LINE = 64
-#: strips of one f32 vector a ``stream`` loop runs side by side (:func:`copies`)
+#: strips of one f32 vector a slow ``stream`` loop runs side by side (:func:`copies`), in its
+#: ``copies`` attribute
 COPIES = 4
+COPIES_ATTR = "copies"
 #: how far ahead of the strip a ``stream`` loop prefetches, in bytes (best of 1, 2, 4 and 16 KiB
 #: measured on SiLU backward)
 PREFETCH_AHEAD = 2048
@@ -125,8 +129,9 @@ def strip(elem_bytes: list[int]) -> int:
 def copies(op: s.ForOp, elem_bytes: list[int]) -> int:
     """Strips of ``stream`` loop ``op`` (:func:`strip` iterations each, one line; ``elem_bytes``
     as for :func:`strip`) that one step of its loop runs side by side, as interleaved copies of
-    the body: ``COPIES`` where a strip is one vector of f32 (``LANES`` iterations) and the body
-    is :func:`slow`, else 1. GCC turns a strip into one vector per value, and a slow body into
+    the body: its ``copies`` attribute (map-cpu's: ``COPIES`` where the body is :func:`slow`)
+    where a strip is one vector of f32 (``LANES`` iterations), else 1. GCC turns a strip into
+    one vector per value, and a slow body into
     one long chain of dependent instructions per strip: the core's schedulers fill with it
     before the next strip's independent work arrives. Interleaved, four chains overlap (in
     cache, one thread: GELU-tanh backward f32 0.54 -> 0.41 ns an element, SiLU 0.24 -> 0.21,
@@ -134,7 +139,15 @@ def copies(op: s.ForOp, elem_bytes: list[int]) -> int:
     four there cost more than they gained (register spills: GELU backward's table lookups 0.27
     -> 0.33). A light body only grows: RMSNorm backward f32 (its row statistics are
     loop-invariant) 2-3% slower, the embedding gradient's f32 rows 2%."""
-    return COPIES if strip(elem_bytes) == LANES and slow(op) else 1
+    attr = op.attributes.get(COPIES_ATTR)
+    return attr.value.data if isinstance(attr, IntegerAttr) and strip(elem_bytes) == LANES else 1
+
+
+def mark_stream(op: s.ForOp) -> None:
+    """Map ``op`` as a ``stream`` loop, with ``copies = COPIES`` where its body is :func:`slow`."""
+    op.attributes[MAPPING] = CpuMappingAttr(CpuMapping.STREAM)
+    if slow(op):
+        op.attributes[COPIES_ATTR] = IntegerAttr(COPIES, 64)
 
 
 #: ops that take many cycles per value, or a chain of them (a vector unit's division and square
@@ -351,7 +364,7 @@ def _map(op: Operation, in_parallel: bool) -> None:
                     elif in_parallel and any(hints := (streams(o, read), next_rows(o, op, read),
                                                        shifted_streams(o, read))):
                         loads, nexts, shifted = hints
-                        o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.STREAM)
+                        mark_stream(o)
                         first = o.body.block.first_op
                         for ld in loads:
                             o.body.block.insert_op_before(s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD), first)
@@ -470,7 +483,7 @@ def _nontemporal(k: s.KernelOp) -> None:
             loop = st.parent_op()
             assert isinstance(loop, s.ForOp)
             if cpu_mapping(loop) == CpuMapping.SIMD:
-                loop.attributes[MAPPING] = CpuMappingAttr(CpuMapping.STREAM)
+                mark_stream(loop)
             st.attributes[MAPPING] = CpuMappingAttr(CpuMapping.NONTEMPORAL)
             hoist_invariant(loop, st.value)
             mark_zero_fill(st)
