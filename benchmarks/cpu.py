@@ -27,7 +27,6 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 # PyTorch's CPU allocator gets transparent huge pages for large blocks, as numpy's arrays do
@@ -36,7 +35,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
-from timing import COPY_BYTES, alternate, copier, given_ms  # benchmarks/timing.py, beside
+from timing import COPY_BYTES, alternate, best_of, copier, given_ms  # benchmarks/timing.py, beside
 
 from opgen import runtime
 
@@ -161,17 +160,6 @@ def flce_torch(d: dict, upcast: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return Gb @ W, Gb.T @ X
 
 
-def _best(f: Callable[[], object], n: int = 3) -> float:
-    """The fastest of ``n`` timed calls of ``f``, after an untimed one."""
-    f()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
-
-
 def flce_upcast_is_faster(d: dict) -> bool:
     """Whether PyTorch's composite on ``d`` runs faster with an f32 upcast and sgemm than in
     bf16. A 256 x 1024 x 4096 probe first (best of three each): a CPU without bf16 units runs the
@@ -181,9 +169,9 @@ def flce_upcast_is_faster(d: dict) -> bool:
     composite took 561 ms against the upcast one's 293 (its transposed product and conversions)."""
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(256, 1024, generator=g).bfloat16(), torch.randn(4096, 1024, generator=g).bfloat16()
-    if _best(lambda: (a.float() @ b.float().T).bfloat16()) * 2 < _best(lambda: a @ b.T):
+    if best_of(lambda: (a.float() @ b.float().T).bfloat16(), 3) * 2 < best_of(lambda: a @ b.T, 3):
         return True
-    return _best(lambda: flce_torch(d, True), 2) <= _best(lambda: flce_torch(d, False), 2)
+    return best_of(lambda: flce_torch(d, True), 2) <= best_of(lambda: flce_torch(d, False), 2)
 
 
 def flce_ours_args(d: dict) -> dict:

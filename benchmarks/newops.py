@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from timing import given_ms  # benchmarks/timing.py, beside
+from timing import best_of, given_ms  # benchmarks/timing.py, beside
 
 from opgen import registry, runtime
 from opgen.binding import aligned_zeros
@@ -53,17 +53,7 @@ def library() -> Any:
 
 def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
     """The fastest of several PyTorch formulations (timed once each, after a warm-up)."""
-    import time
-
-    best, best_t = fns[0], float("inf")
-    for f in fns:
-        f()
-        t0 = time.perf_counter()
-        f()
-        t = time.perf_counter() - t0
-        if t < best_t:
-            best, best_t = f, t
-    return best
+    return min(fns, key=lambda f: best_of(f, 1))
 
 
 def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int) -> float:

@@ -15,6 +15,12 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def best_of(fn: Callable[[], object], n: int) -> float:
+    """The fewest seconds of ``n`` timed calls of ``fn``, after an untimed one."""
+    fn()
+    return min(timed(fn) for _ in range(n))
+
+
 def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: int) -> tuple[float, float]:
     """Median seconds of ``ours`` and ``theirs``, called alternately ``reps`` times after a warm-up
     of three calls each (a process's first large allocations fault in pages the VM host has not
