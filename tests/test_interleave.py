@@ -1,11 +1,12 @@
 """Interleaved strips of map-cpu's ``stream`` loops (:func:`opgen.lower.cpu_map.copies`).
 
-A stream loop whose strip is one vector of f32 and whose body computes something slow from what
-it reads runs four strips a step, the four copies of its body printed statement by statement in
-turn (opgen/emit/c_family.py, ``stream_loop``). On ops written only in the tests (GELU exact and
-tanh, SiLU, softmax backward): which loops interleave, the C of one, results against a float64
-numpy reference and bitwise against the same ops built without interleaving (row lengths around
-the step of 64, unit-stride and strided rows), and the library under ASan/UBSan.
+A stream loop whose body computes something slow from what it reads runs four strips a step
+where a strip is one vector of f32, two where it is two (bf16: 32 elements), the copies of its
+body printed statement by statement in turn (opgen/emit/c_family.py, ``stream_loop``). On ops
+written only in the tests (GELU exact and tanh, SiLU, softmax backward): which loops
+interleave, the C of two, results against a float64 numpy reference and bitwise against the
+same ops built without interleaving (row lengths around the step of 64, unit-stride and strided
+rows), and the library under ASan/UBSan.
 """
 
 from __future__ import annotations
@@ -53,17 +54,18 @@ def _stream_loops(built: dict, name: str) -> list[s.ForOp]:
 
 @pytest.mark.parametrize("name, slow", [("gelu_backward", True), ("gelu_tanh_backward", True),
                                         ("silu_backward", True), ("softmax_backward", False)])
-def test_slow_bodies_interleave_in_f32_only(built, name, slow):
+def test_slow_bodies_interleave_four_vectors(built, name, slow):
     """GELU (erf, exp), GELU-tanh and SiLU (exp, a division) compute slowly per element: four
-    strips a step in f32 (a strip of 16, one vector), one in bf16 and f16 (a strip of 32 is two
-    vectors already). Softmax's second pass (a subtraction and a product per element; its row
-    sum is loop-invariant) interleaves nowhere."""
+    strips a step in f32 (a strip of 16, one vector), two in bf16 and f16 (a strip of 32 is two
+    vectors of f32 arithmetic): four vectors' chains either way. Softmax's second pass (a
+    subtraction and a product per element; its row sum is loop-invariant) interleaves nowhere."""
     (loop,) = _stream_loops(built, name)
     assert cpu_map.slow(loop) == slow
     assert (cpu_map.COPIES_ATTR in loop.attributes) == slow  # (map-cpu's decision, in the IR opgen show prints)
     assert "copies = 4 : i64" in str(loop) if slow else "copies" not in str(loop)
     assert cpu_map.copies(loop, [4, 4]) == (cpu_map.COPIES if slow else 1)
-    assert cpu_map.copies(loop, [2, 2]) == 1
+    assert cpu_map.copies(loop, [2, 2]) == (cpu_map.COPIES // 2 if slow else 1)
+    assert cpu_map.copies(loop, [2, 4]) == (cpu_map.COPIES if slow else 1)  # (a strip is a line of the widest)
 
 
 def test_invariant_slow_work_does_not_count(built):
@@ -73,10 +75,11 @@ def test_invariant_slow_work_does_not_count(built):
     assert loops and not any(cpu_map.slow(o) for o in loops)
 
 
-def test_the_f32_strip_runs_four_interleaved_copies(built):
+def test_the_strips_run_interleaved_copies(built):
     """The C of GELU-tanh backward's unit-stride f32 instance: a step of 64 elements, each of the
     four lines prefetched in both rows it reads, the copies' loads and tanh calls side by side,
-    and four strip stores (a line each, so each may stream)."""
+    and four strip stores (a line each, so each may stream). SiLU backward's bf16 instance: a
+    step of 64 too, two strips of 32 the same way (GELU-tanh's bf16 tanh is a table lookup)."""
     from opgen.emit import cpu
 
     text = cpu.op_source(built["ops"]["gelu_tanh_backward"])
@@ -95,8 +98,18 @@ def test_the_f32_strip_runs_four_interleaved_copies(built):
     assert len(loads) == 4 and loads == list(range(loads[0], loads[0] + 4))  # (in turn, not one copy after another)
     tanhs = [i for i, ln in enumerate(lines) if "opgen_tanhf(" in ln]
     assert tanhs == list(range(tanhs[0], tanhs[0] + 4))
-    bf16 = text[text.index("k_gelu_tanh_backward_bf16_u("):]
-    assert "+ 32 <= d_D; " in bf16[:bf16.index("return OPGEN_SUCCESS")]
+    text = cpu.op_source(built["ops"]["silu_backward"])
+    bf16 = text[text.index("k_silu_backward_bf16_u("):]
+    bf16 = bf16[:bf16.index("return OPGEN_SUCCESS")]
+    head = bf16.index("+ 64 <= d_D; ")
+    strip = bf16[head:bf16.index("#pragma omp simd", bf16.index("store_strip", head))]
+    for row in ("p_grad", "p_x"):
+        assert re.search(rf"OPGEN_PREFETCH\({row}, [^;]*\(r\d+ \+ 32\), 2048\);", strip)
+    assert re.search(r"opgen_bf16_store_strip\(&p_dx\[[^;]*\(r\d+ \+ 32\)\], 1, stg\d+ \+ 32, 32, ", strip)
+    assert strip.count("opgen_expf(") == 2 and strip.count("opgen_bf16_store_strip(") == 2
+    lines = [ln.strip() for ln in strip.splitlines()]
+    exps = [i for i, ln in enumerate(lines) if "opgen_expf(" in ln]
+    assert exps == [exps[0], exps[0] + 1]
 
 
 def _want(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -113,10 +126,10 @@ def _want(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("name", ["gelu_backward", "gelu_tanh_backward", "silu_backward"])
 @pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
-@pytest.mark.parametrize("d", [1, 15, 16, 17, 63, 64, 65, 130, 200])
+@pytest.mark.parametrize("d", [1, 15, 16, 17, 33, 63, 64, 65, 96, 130, 200])
 @pytest.mark.parametrize("strided", [False, True])
 def test_results_match_numpy_and_the_single_strip_build(built, single, rng, name, dt, d, strided):
-    """Row lengths below, at and around the step (64) and the strip (16): the float64 reference
+    """Row lengths below, at and around the step (64) and the strips (16 f32, 32 bf16): the float64 reference
     within the dtype's margin, and bitwise the build with one strip a step (interleaving
     reorders statements, never an element's arithmetic). Strided rows take the general flavour."""
     n = 3
@@ -138,13 +151,14 @@ SANITIZED = textwrap.dedent("""
     lib = runtime.load(sys.argv[1])
     rng = np.random.default_rng(0)
     for name in ("gelu_backward", "gelu_tanh_backward", "silu_backward"):
-        for n, d in ((1, 1), (2, 63), (3, 64), (5, 65), (4, 200), (2, 4096)):
-            g = rng.standard_normal((n, d)).astype(np.float32)
-            runtime.call(name, lib=lib, grad=g, x=g[::-1].copy())
-            wide = rng.standard_normal((n, 2 * d)).astype(np.float32)  # (strided rows)
-            runtime.call(name, lib=lib, grad=wide[:, ::2], x=wide[:, 1::2])
-            off = np.zeros(n * d + 5, np.float32)[5:].reshape(n, d)  # (rows off a line)
-            runtime.call(name, lib=lib, grad=g, x=g, dx=off)
+        for dt in (np.float32, ml_dtypes.bfloat16):
+            for n, d in ((1, 1), (2, 63), (3, 64), (5, 65), (2, 96), (4, 200), (2, 4096)):
+                g = rng.standard_normal((n, d)).astype(dt)
+                runtime.call(name, lib=lib, grad=g, x=g[::-1].copy())
+                wide = rng.standard_normal((n, 2 * d)).astype(dt)  # (strided rows)
+                runtime.call(name, lib=lib, grad=wide[:, ::2], x=wide[:, 1::2])
+                off = np.zeros(n * d + 5, dt)[5:].reshape(n, d)  # (rows off a line)
+                runtime.call(name, lib=lib, grad=g, x=g, dx=off)
     print("done")
 """)
 

@@ -460,7 +460,7 @@ def test_stream_loops_prefetch_rows_read_first(built):
     f32 = text[text.index("k_gelu_backward_f32_u("):]
     bf16 = text[text.index("k_gelu_backward_bf16_u("):]
     assert "+ 64 <= d_D; " in f32[:f32.index("return OPGEN_SUCCESS")]  # (four strips of 16 a step: copies)
-    assert "+ 32 <= d_D; " in bf16[:bf16.index("return OPGEN_SUCCESS")]
+    assert "+ 64 <= d_D; " in bf16[:bf16.index("return OPGEN_SUCCESS")]  # (two strips of 32)
     assert text.count("OPGEN_PREFETCH(p_grad, ") == text.count("OPGEN_PREFETCH(p_x, ") > 0
     assert "OPGEN_PREFETCH(p_dx" not in text and "OPGEN_PREFETCH_W(" not in text  # (one pass: no write hint)
 

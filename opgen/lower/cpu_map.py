@@ -26,7 +26,7 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
   keeps memory busy while it computes (softmax backward, 8192x4096, 2 threads, outputs given:
   13.2 -> 12.1 ms f32, 7.1 -> 6.5 ms bf16; :func:`_prefetch_next_rows`). A stream loop whose
   body computes something slow from what it reads (:func:`slow`) gets ``copies = 4``: an f32
-  instance runs four strips a step, their bodies interleaved (:func:`copies`);
+  instance runs four strips a step, a bf16 one two, their bodies interleaved (:func:`copies`);
 
 * a second pass over a row (a stream loop with next-row prefetches) also prefetches the rows it
   writes (its :func:`staged_stores`) ``PREFETCH_AHEAD`` bytes ahead, for writing
@@ -130,16 +130,21 @@ def copies(op: s.ForOp, elem_bytes: list[int]) -> int:
     """Strips of ``stream`` loop ``op`` (:func:`strip` iterations each, one line; ``elem_bytes``
     as for :func:`strip`) that one step of its loop runs side by side, as interleaved copies of
     the body: its ``copies`` attribute (map-cpu's: ``COPIES`` where the body is :func:`slow`)
-    where a strip is one vector of f32 (``LANES`` iterations), else 1. GCC turns a strip into
-    one vector per value, and a slow body into one long chain of dependent instructions per
-    strip: the core's schedulers fill with it before the next strip's independent work arrives. Interleaved, four chains overlap (in
-    cache, one thread: GELU-tanh backward f32 0.54 -> 0.41 ns an element, SiLU 0.24 -> 0.21,
-    GELU 0.50 -> 0.46). A bf16 strip is two vectors already (GCC sizes it by the 2-byte loads);
-    four there cost more than they gained (register spills: GELU backward's table lookups 0.27
-    -> 0.33). A light body only grows: RMSNorm backward f32 (its row statistics are
+    counts them for a strip of one f32 vector (``LANES`` iterations); a strip of ``w`` vectors
+    (bf16 and f16: 32 iterations, two vectors of f32 arithmetic) runs ``copies / w`` (at least
+    one), so that the same number of vectors' chains are in flight. GCC turns a strip into one
+    vector per value, and a slow body into one long chain of dependent instructions per vector:
+    the core's schedulers fill with a strip's chains before the next strip's independent work
+    arrives. Interleaved, four chains overlap (in cache, one thread: GELU-tanh backward f32 0.54
+    -> 0.41 ns an element, SiLU 0.24 -> 0.21, GELU 0.50 -> 0.46; bf16, two strips of 32: SiLU
+    0.286 -> 0.256, GELU 0.308 -> 0.305, GELU-tanh 0.298 -> 0.300). Four bf16 strips (eight
+    vectors) cost more than they gained (register spills: GELU backward's table lookups 0.27 ->
+    0.33). A light body only grows: RMSNorm backward f32 (its row statistics are
     loop-invariant) 2-3% slower, the embedding gradient's f32 rows 2%."""
     attr = op.attributes.get(COPIES_ATTR)
-    return attr.value.data if isinstance(attr, IntegerAttr) and strip(elem_bytes) == LANES else 1
+    if not isinstance(attr, IntegerAttr):
+        return 1
+    return max(1, attr.value.data // -(-strip(elem_bytes) // LANES))
 
 
 def mark_stream(op: s.ForOp) -> None:
