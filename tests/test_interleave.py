@@ -124,13 +124,17 @@ def _want(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray:
     return g * sg * (1 + x * (1 - sg))
 
 
-@pytest.mark.parametrize("name", ["gelu_backward", "gelu_tanh_backward", "silu_backward"])
-@pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
+#: the ops and dtypes checked (the GELU ops take f32 and bf16; SiLU f16 too)
+CASES = [(name, dt) for name in ("gelu_backward", "gelu_tanh_backward", "silu_backward")
+         for dt in (np.float32, ml_dtypes.bfloat16)] + [("silu_backward", np.float16)]
+
+
+@pytest.mark.parametrize("name, dt", CASES)
 @pytest.mark.parametrize("d", [1, 15, 16, 17, 33, 63, 64, 65, 96, 130, 200])
 @pytest.mark.parametrize("strided", [False, True])
 def test_results_match_numpy_and_the_single_strip_build(built, single, rng, name, dt, d, strided):
-    """Row lengths below, at and around the step (64) and the strips (16 f32, 32 bf16): the float64 reference
-    within the dtype's margin, and bitwise the build with one strip a step (interleaving
+    """Row lengths below, at and around the step (64) and the strips (16 f32, 32 bf16 and f16):
+    the float64 reference within the dtype's margin, and bitwise the build with one strip a step (interleaving
     reorders statements, never an element's arithmetic). Strided rows take the general flavour."""
     n = 3
     g = rng.standard_normal((n, 2 * d if strided else d)).astype(dt)
@@ -140,7 +144,7 @@ def test_results_match_numpy_and_the_single_strip_build(built, single, rng, name
     got = np.asarray(runtime.call(name, lib=built["lib"], grad=g, x=x)["dx"])
     off = np.asarray(runtime.call(name, lib=single, grad=g, x=x)["dx"])
     want = _want(name, g.astype(np.float64), x.astype(np.float64))
-    tol = 2e-6 if dt == np.float32 else 1e-2
+    tol = {np.float32: 2e-6, np.float16: 2e-3}.get(dt, 1e-2)
     assert np.abs(got.astype(np.float64) - want).max() <= tol * (np.abs(want).max() + 1)
     assert np.array_equal(got.view(np.uint8), off.view(np.uint8))
 
@@ -150,15 +154,15 @@ SANITIZED = textwrap.dedent("""
     from opgen import runtime
     lib = runtime.load(sys.argv[1])
     rng = np.random.default_rng(0)
-    for name in ("gelu_backward", "gelu_tanh_backward", "silu_backward"):
-        for dt in (np.float32, ml_dtypes.bfloat16):
-            for n, d in ((1, 1), (2, 63), (3, 64), (5, 65), (2, 96), (4, 200), (2, 4096)):
-                g = rng.standard_normal((n, d)).astype(dt)
-                runtime.call(name, lib=lib, grad=g, x=g[::-1].copy())
-                wide = rng.standard_normal((n, 2 * d)).astype(dt)  # (strided rows)
-                runtime.call(name, lib=lib, grad=wide[:, ::2], x=wide[:, 1::2])
-                off = np.zeros(n * d + 5, dt)[5:].reshape(n, d)  # (rows off a line)
-                runtime.call(name, lib=lib, grad=g, x=g, dx=off)
+    for name, dt in [(name, dt) for name in ("gelu_backward", "gelu_tanh_backward", "silu_backward")
+                     for dt in (np.float32, ml_dtypes.bfloat16)] + [("silu_backward", np.float16)]:
+        for n, d in ((1, 1), (2, 63), (3, 64), (5, 65), (2, 96), (4, 200), (2, 4096)):
+            g = rng.standard_normal((n, d)).astype(dt)
+            runtime.call(name, lib=lib, grad=g, x=g[::-1].copy())
+            wide = rng.standard_normal((n, 2 * d)).astype(dt)  # (strided rows)
+            runtime.call(name, lib=lib, grad=wide[:, ::2], x=wide[:, 1::2])
+            off = np.zeros(n * d + 5, dt)[5:].reshape(n, d)  # (rows off a line)
+            runtime.call(name, lib=lib, grad=g, x=g, dx=off)
     print("done")
 """)
 
