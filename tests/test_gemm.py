@@ -238,6 +238,33 @@ def test_bf16_output(drivers, tmp_path, m, n, k, units):
             assert np.array_equal(got[:, n:], c[:, n:]), "the padding columns of C were written"
 
 
+@pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0), (1, 33, 300)])
+def test_f16_operands_and_output(drivers, tmp_path, m, n, k):
+    """opgen_gemm_f16 (f16 caller tensors, any strides): opgen_sgemm's bits on the same
+    (f16-valued) operands held as f32, on 1 and 3 threads; opgen_gemm_f16_out (C f16 too): those
+    sums rounded once to f16 (numpy, round to nearest even), C widened first when accumulating,
+    its padding columns untouched. On every register tile the machine runs."""
+    rng = np.random.default_rng(5 * m + n + k)
+
+    def f16(shape: tuple[int, int]) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float16).astype(np.float32)
+
+    for exe in drivers.values():
+        for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (2, 2, 0, 1)):
+            a = f16((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k))
+            b = f16((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n))
+            c = f16((m, n + pad))
+            want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
+            for fn, threads in ((10, "1"), (11, "1"), (11, "3")):
+                got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads)
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc, pad)
+            rounded = want[:, :n].astype(np.float16).astype(np.float32)
+            for fn, threads in ((12, "1"), (13, "1"), (13, "3")):
+                got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads)
+                assert np.array_equal(got[:, :n].view(np.uint32), rounded.view(np.uint32)), (fn, threads, ta, tb)
+                assert np.array_equal(got[:, n:], c[:, n:]), "the padding columns of C were written"
+
+
 @pytest.mark.parametrize("units", UNITS)
 @pytest.mark.parametrize(("m", "n", "k"), BF16_SHAPES)
 def test_packed_right_hand_operand(drivers, tmp_path, m, n, k, units):
@@ -282,8 +309,8 @@ def failing_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0)])
 def test_every_gemm_falls_back_when_memory_runs_out(drivers, failing_driver, tmp_path, m, n, k):
-    """Every GEMM entry point (f32, bf16 operands, bf16 output, B packed ahead; one and three
-    threads) with each of its large allocations failing: its plain loops give the bits of the
+    """Every GEMM entry point (f32, bf16 and f16 operands, bf16 and f16 outputs, B packed ahead;
+    one and three threads) with each of its large allocations failing: its plain loops give the bits of the
     panel GEMM (without bf16 units, whose products round differently by design), and the failure
     really happened (the driver counts the refused requests)."""
     import ml_dtypes
@@ -293,7 +320,7 @@ def test_every_gemm_falls_back_when_memory_runs_out(drivers, failing_driver, tmp
         a, b, c = _abc(rng, m, n, k, ta, tb, pad)
         a, b, c = (x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in (a, b, c))  # (bf16 values)
         for fn, threads in ((0, "1"), (1, "3"), (2, "1"), (3, "3"), (4, "1"), (5, "3"), (6, "1"), (7, "3"), (8, "1"),
-                            (9, "1")):
+                            (9, "1"), (10, "1"), (11, "3"), (12, "1"), (13, "3")):
             want = run(drivers["native"], tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units="none")
             got, r = run_driver(failing_driver, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units="none",
                                 env={"GEMM_CHECK_FAIL_ALLOC": "1"})

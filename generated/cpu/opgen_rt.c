@@ -189,10 +189,15 @@ typedef __m256 opgen_vec;
 #define OPGEN_MC (18 * OPGEN_MR) /* rows of a block: whole panels */
 #define OPGEN_NC 1024 /* (128 to 1024 within noise of each other on a Zen 3) */
 
-/* Operands are f32, or bf16 storage (bf: opgen_gemm_bf16's caller tensors, widened exactly while
- * packing); offsets in elements */
+/* Operands are f32 (bf 0), or 16-bit storage widened exactly while packing (opgen_gemm_bf16's and
+ * opgen_gemm_f16's caller tensors): bf16 (bf 1) or f16 (bf 2, ST_F16); offsets in elements */
+#define ST_F16 2
 static inline const void *at(const void *p, int64_t n, int bf) { return (const char *)p + n * (bf ? 2 : 4); }
-static inline float ld1(const void *p, int bf) { return bf ? opgen_bf16_to_f32(*(const uint16_t *)p) : *(const float *)p; }
+static inline float ld1(const void *p, int bf) {
+    return bf == ST_F16 ? opgen_f16_to_f32(*(const uint16_t *)p)
+           : bf          ? opgen_bf16_to_f32(*(const uint16_t *)p)
+                         : *(const float *)p;
+}
 
 /* A's mr rows (k columns k0.., kc of them) as an OPGEN_MR-row panel: row i at p + i * OPGEN_KC.
  * Rows a constant OPGEN_KC floats apart, not A's ars, so that the kernel's 14 row streams fall
@@ -201,7 +206,11 @@ static void pack_a(int64_t mr, int64_t kc, const void *A, int64_t ars, int64_t a
     if (mr < OPGEN_MR) memset(p + mr * OPGEN_KC, 0, sizeof(float) * OPGEN_KC * (size_t)(OPGEN_MR - mr));
     if (acs == 1 && !bf) { /* rows contiguous: copies */
         for (int64_t i = 0; i < mr; i++) memcpy(p + i * OPGEN_KC, at(A, i * ars, 0), sizeof(float) * (size_t)kc);
-    } else if (acs == 1) { /* (bf16 rows: vector widening) */
+    } else if (acs == 1 && bf == ST_F16) { /* (16-bit rows: vector widening) */
+        const uint16_t *a = A;
+        for (int64_t i = 0; i < mr; i++)
+            for (int64_t k = 0; k < kc; k++) p[i * OPGEN_KC + k] = opgen_f16_to_f32(a[i * ars + k]);
+    } else if (acs == 1) {
         const uint16_t *a = A;
         for (int64_t i = 0; i < mr; i++)
             for (int64_t k = 0; k < kc; k++) p[i * OPGEN_KC + k] = opgen_bf16_to_f32(a[i * ars + k]);
@@ -217,6 +226,10 @@ static void pack_b(int64_t nr, int64_t kc, const void *B, int64_t brs, int64_t b
         const float *b = B;
         for (int64_t k = 0; k < kc; k++)
             for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = b[k * brs + j];
+    } else if (bcs == 1 && bf == ST_F16) {
+        const uint16_t *b = B;
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = opgen_f16_to_f32(b[k * brs + j]);
     } else if (bcs == 1) {
         const uint16_t *b = B;
         for (int64_t k = 0; k < kc; k++)
@@ -981,39 +994,47 @@ void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
 
 /* opgen_sgemm's loop (its k order, so its bits) on bf16 operands into bf16 C, each element rounded
  * once from its f32 sum (when there is no memory for an f32 copy of C) */
-static void gemm_bf16_loop(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-                           const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+/* 16-bit C's plain loop (bf: its storage, that of A and B too) */
+static void gemm16_loop(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate, int bf) {
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++)
-            C[i * ldc + j] = opgen_f32_to_bf16(loop_sum(i, j, k, A, ars, acs, 1, B, brs, bcs, 1,
-                                                        accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f,
-                                                        accumulate));
+        for (int64_t j = 0; j < n; j++) {
+            const float s = loop_sum(i, j, k, A, ars, acs, bf, B, brs, bcs, bf,
+                                     accumulate ? ld1(&C[i * ldc + j], bf) : 0.0f, accumulate);
+            C[i * ldc + j] = bf == ST_F16 ? opgen_f32_to_f16(s) : opgen_f32_to_bf16(s);
+        }
 }
 
-static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
-                      int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
+/* 16-bit A and B (bf: bf16 or ST_F16), f32 C */
+static void gemm16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
+                   int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads, int bf) {
     if (m <= 0 || n <= 0) return;
 #ifdef OPGEN_HAVE_BF16_UNITS
-    if (k > 0 && opgen_bf16_units() && bgemm(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads)) return;
+    if (bf != ST_F16 && k > 0 && opgen_bf16_units() &&
+        bgemm(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads)) return;
 #endif
     /* the exact f32 values through the f32 GEMM (widened in its panels: its k order, so its bits) */
-    sgemm_x(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads);
+    sgemm_x(m, n, k, A, ars, acs, bf, B, brs, bcs, bf, C, ldc, accumulate, threads);
 }
 
-/* row i of bf16 C (ldc) <-> row i of f32 c (n): rounded (to_bf16) or widened */
-static void bf16_row(int64_t i, int64_t n, float *c, uint16_t *C, int64_t ldc, int to_bf16) {
-    if (to_bf16)
+/* row i of 16-bit C (ldc; bf as above) <-> row i of f32 c (n): rounded (to16) or widened */
+static void row16(int64_t i, int64_t n, float *c, uint16_t *C, int64_t ldc, int to16, int bf) {
+    if (to16 && bf == ST_F16)
+        for (int64_t j = 0; j < n; j++) C[i * ldc + j] = opgen_f32_to_f16(c[i * n + j]);
+    else if (to16)
         for (int64_t j = 0; j < n; j++) C[i * ldc + j] = opgen_f32_to_bf16(c[i * n + j]);
+    else if (bf == ST_F16)
+        for (int64_t j = 0; j < n; j++) c[i * n + j] = opgen_f16_to_f32(C[i * ldc + j]);
     else
         for (int64_t j = 0; j < n; j++) c[i * n + j] = opgen_bf16_to_f32(C[i * ldc + j]);
 }
 
-static void bf16_rows(int64_t m, int64_t n, float *c, uint16_t *C, int64_t ldc, int to_bf16, int threads) {
+static void rows16(int64_t m, int64_t n, float *c, uint16_t *C, int64_t ldc, int to16, int threads, int bf) {
     if (threads > 1) { /* (no parallel region at all for one thread: callers may be inside one) */
         #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t i = 0; i < m; i++) bf16_row(i, n, c, C, ldc, to_bf16);
+        for (int64_t i = 0; i < m; i++) row16(i, n, c, C, ldc, to16, bf);
     } else {
-        for (int64_t i = 0; i < m; i++) bf16_row(i, n, c, C, ldc, to_bf16);
+        for (int64_t i = 0; i < m; i++) row16(i, n, c, C, ldc, to16, bf);
     }
 }
 
@@ -1037,46 +1058,75 @@ static void *opgen_big_alloc(size_t align, size_t n) {
     return p;
 }
 
-/* gemm_bf16 into bf16 C: each element rounded once from its f32 sum */
-static void gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-                          const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate,
-                          int threads) {
+/* gemm16 into 16-bit C: each element rounded once from its f32 sum */
+static void gemm16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                       const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate,
+                       int threads, int bf) {
     if (m <= 0 || n <= 0) return;
 #ifdef OPGEN_HAVE_BF16_UNITS
-    if (k > 0 && opgen_bf16_units() && bgemm_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads)) return;
+    if (bf != ST_F16 && k > 0 && opgen_bf16_units() &&
+        bgemm_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads)) return;
 #endif
     /* the f32 GEMM into an f32 copy of C, then rounded; without memory for it, its loop (the
        same k order, so the same bits) */
     const size_t nc = opgen_sz_mul(opgen_sz_mul((size_t)m, (size_t)n), sizeof(float));
     float *c = nc == SIZE_MAX ? NULL : (float *)opgen_big_alloc(64, nc);
     if (!c) {
-        gemm_bf16_loop(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate);
+        gemm16_loop(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, bf);
         return;
     }
-    if (accumulate) bf16_rows(m, n, c, C, ldc, 0, threads);
-    gemm_bf16(m, n, k, A, ars, acs, B, brs, bcs, c, n, accumulate, threads);
-    bf16_rows(m, n, c, C, ldc, 1, threads);
+    if (accumulate) rows16(m, n, c, C, ldc, 0, threads, bf);
+    gemm16(m, n, k, A, ars, acs, B, brs, bcs, c, n, accumulate, threads, bf);
+    rows16(m, n, c, C, ldc, 1, threads, bf);
     free(c);
 }
 
 void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-                         const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
-    gemm_bf16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
-}
-
-void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-                             const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
-    gemm_bf16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
+        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+    gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, 1);
 }
 
 void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-                     const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
-    gemm_bf16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
+        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, 1);
+}
+
+void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+    gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), 1);
 }
 
 void opgen_gemm_bf16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-                         const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
-    gemm_bf16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
+        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), 1);
+}
+
+void opgen_gemm_f16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+    gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, ST_F16);
+}
+
+void opgen_gemm_f16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, ST_F16);
+}
+
+void opgen_gemm_f16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+    gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), ST_F16);
+}
+
+void opgen_gemm_f16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), ST_F16);
+}
+
+int opgen_rows_even(const int64_t *ro, int64_t n, int64_t *base, int64_t *stride) {
+    *base = n > 0 ? ro[0] : 0;
+    *stride = n > 1 ? ro[1] - ro[0] : 0;
+    for (int64_t i = 2; i < n; i++)
+        if (ro[i] - ro[i - 1] != *stride) return 0;
+    return 1;
 }
 
 /* The element offset of row r of a tensor's leading n axes (shape, strides st), rows counted

@@ -145,6 +145,20 @@ void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int
                          const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
 void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                              const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+/* The same for f16 operands in memory: the f32 GEMM on their exact f32 values (bitwise
+ * opgen_sgemm's result on them), into an f32 C or, each element rounded once, an f16 one. */
+void opgen_gemm_f16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                    const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_gemm_f16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_gemm_f16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+void opgen_gemm_f16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                            const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+/* Whether a batched parameter's row table ro (n offsets, in elements) is evenly spaced,
+ * ro[i] = *base + i * *stride (then both are set; n <= 1: the first offset and stride 0): its rows
+ * then read as one strided matrix (a sched.matmul's GEMM). */
+int opgen_rows_even(const int64_t *ro, int64_t n, int64_t *base, int64_t *stride);
 /* The bf16 units opgen_bgemm runs on in this process (decided once): 2 AMX tiles, 1 AVX512-BF16
  * dot products, 0 none (the f32 GEMM). OPGEN_BF16_UNITS=amx, dp or none caps the choice. */
 int opgen_bf16_units(void);

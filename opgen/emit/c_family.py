@@ -100,6 +100,19 @@ def boundary_conversions(targets: tuple[str, ...]) -> list[dict[str, object]]:
     return out
 
 
+@dataclass(frozen=True)
+class GemmOperand:
+    """A matrix as the runtime GEMMs read it: its first element, row and column strides (in
+    elements), storage (``f32``, ``bf16``, ``f16``) and a run-time condition for those strides to
+    hold (None: always)."""
+
+    ptr: str
+    rs: str
+    cs: str
+    held: str
+    ok: str | None = None
+
+
 class CPrinter:
     """Prints one kernel instantiation. Subclasses override the ``*_hook`` methods."""
 
@@ -108,7 +121,8 @@ class CPrinter:
     #: the runtime GEMM by the storage of A, B and C (f32 in memory; bf16 caller tensors) ...
     GEMM: ClassVar[dict[tuple[str, str, str], str]] = {
         ("f32", "f32", "f32"): "opgen_sgemm", ("bf16", "bf16", "f32"): "opgen_gemm_bf16",
-        ("bf16", "bf16", "bf16"): "opgen_gemm_bf16_out"}
+        ("bf16", "bf16", "bf16"): "opgen_gemm_bf16_out", ("f16", "f16", "f32"): "opgen_gemm_f16",
+        ("f16", "f16", "f16"): "opgen_gemm_f16_out"}
     #: ... and, for f32 operands, by the dtype of sched.matmul's products
     NARROW_GEMM: ClassVar[dict[str, str]] = {"bf16": "opgen_bgemm"}
     #: sched.pack by the dtype of its products (f16 ones run on the f32 GEMM), and the GEMM reading
@@ -753,31 +767,54 @@ class CPrinter:
         self.line("}")
 
     def matmul(self, op: s.BufferMatmulOp) -> None:
+        """sched.matmul: the runtime's GEMM for the operands' storage (``GEMM``), where their
+        strides fit it — under a run-time test where they may not (a batched parameter's rows
+        evenly spaced, C's columns adjacent in the general flavour) — else the plain loop
+        (:meth:`matmul_loop`). Both sum each element's k terms in the same order: the same bits."""
+        a, b, c = op.a, op.b, op.c
+        ta, tb = (t.data for t in op.trans.data)
+        m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
+        acc_flag = op.accumulate.data
+        sa, sb, sc = self.gemm_operand(a, ta), self.gemm_operand(b, tb), self.gemm_operand(c, 0)
+        fn = self.GEMM.get((sa.held, sb.held, sc.held)) if sa and sb and sc else None
+        if not (fn and sa and sb and sc) or self.arg_of.get(c) in self.k.aliased:
+            self.matmul_loop(op)
+            return
+        # the products of f32 operands: sched.matmul's, else f32 (the f32 GEMM)
+        narrow = (self.dtype(op.products.data).name if op.products is not None else "f32") if sa.held == "f32" \
+            else None
+        fn = self.NARROW_GEMM.get(narrow, fn) if narrow else fn
+        # rows of C in parallel (map-cpu): the runtime spreads row blocks over the threads,
+        # each element's k in the same order whatever the split (the bits do not depend on it)
+        par = cpu_mapping(op) == CpuMapping.OMP_FOR
+        ldc = sc.rs
+        cp = sc.ptr if op.c_row is None else f"{sc.ptr} + {self.name(op.c_row)} * {ldc}"
+        bp = ""
+        if op.b_packed is not None and narrow in self.PACK and sb.held == "f32" and not sb.ok:  # (sched.pack's)
+            if par:
+                raise NotImplementedError("C printer: a packed right-hand operand in a parallel matmul")
+            fn, bp = self.PACK[narrow][1], f"{self.PACK[narrow][2]}{self.name(op.b_packed)}, "
+        conds = [g.ok for g in (sa, sb, sc) if g.ok] + ([f"{sc.cs} == 1"] if sc.cs != "1" else [])
+        if conds:
+            self.line(f"if ({' && '.join(conds)}) {{")
+            self.depth += 1
+        self.line(f"{fn}{'_par' if par else ''}({m}, {n}, {k}, {sa.ptr}, {sa.rs}, {sa.cs}, {sb.ptr}, "
+                  f"{sb.rs}, {sb.cs}, {bp}{cp}, {ldc}, {acc_flag});")
+        if conds:
+            self.depth -= 1
+            self.line("} else {")
+            self.depth += 1
+            self.matmul_loop(op)
+            self.depth -= 1
+            self.line("}")
+
+    def matmul_loop(self, op: s.BufferMatmulOp) -> None:
+        """sched.matmul as the plain triple loop, in sched.matmul's k order."""
         a, b, c = op.a, op.b, op.c
         ta, tb = (t.data for t in op.trans.data)
         m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
         acc_flag = op.accumulate.data
         bufs = [s.buf_type(x) for x in (a, b, c)]
-        sa, sb, sc = self.gemm_operand(a, ta), self.gemm_operand(b, tb), self.gemm_operand(c, 0)
-        fn = self.GEMM.get((sa[2], sb[2], sc[2])) if sa and sb and sc else None
-        if fn and sc and sc[1] == "1" and self.arg_of.get(c) not in self.k.aliased:
-            (ars, acs, _), (brs, bcs, _), ldc = sa, sb, sc[0]
-            # the products of f32 operands: sched.matmul's, else f32 (the f32 GEMM)
-            narrow = (self.dtype(op.products.data).name if op.products is not None else "f32") if sa[2] == "f32" \
-                else None
-            fn = self.NARROW_GEMM.get(narrow, fn) if narrow else fn
-            # rows of C in parallel (map-cpu): the runtime spreads row blocks over the threads,
-            # each element's k in the same order whatever the split (the bits do not depend on it)
-            par = cpu_mapping(op) == CpuMapping.OMP_FOR
-            cp = self.name(c) if op.c_row is None else f"{self.name(c)} + {self.name(op.c_row)} * {ldc}"
-            bp = ""
-            if op.b_packed is not None and narrow in self.PACK and sb[2] == "f32":  # (packed by sched.pack)
-                if par:
-                    raise NotImplementedError("C printer: a packed right-hand operand in a parallel matmul")
-                fn, bp = self.PACK[narrow][1], f"{self.PACK[narrow][2]}{self.name(op.b_packed)}, "
-            self.line(f"{fn}{'_par' if par else ''}({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, "
-                      f"{brs}, {bcs}, {bp}{cp}, {ldc}, {acc_flag});")
-            return
         i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")
         ct = self.ctype(bufs[2].dtype)
@@ -810,30 +847,54 @@ class CPrinter:
         where the runtime packs none (then the matmul reads B itself: :meth:`matmul`)."""
         fns = self.PACK.get(self.dtype(op.products.data).name)
         src = self.gemm_operand(op.src, op.trans.data)
-        if fns is None or src is None or src[2] != "f32":  # (the matmul then reads B: matmul())
+        if fns is None or src is None or src.held != "f32" or src.ok:  # (the matmul then reads B: matmul())
             self.line(f"(void){self.name(op.dst)};")
             return
-        self.line(f"{fns[0]}({self.name(op.k)}, {self.name(op.n)}, {self.name(op.src)}, {src[0]}, {src[1]}, "
+        self.line(f"{fns[0]}({self.name(op.k)}, {self.name(op.n)}, {src.ptr}, {src.rs}, {src.cs}, "
                   f"{fns[2]}{self.name(op.dst)});")
 
-    def gemm_operand(self, x: SSAValue, trans: int) -> tuple[str, str, str] | None:
-        """(row stride, column stride, storage) of 2-D buffer ``x`` as the runtime GEMMs read it
-        (``trans``: as its transpose; storage ``f32``, or ``bf16`` for a caller's bf16 tensor), or
-        None when it is not a strided matrix of either (another storage type, a batched
-        parameter's row table)."""
+    def gemm_operand(self, x: SSAValue, trans: int) -> GemmOperand | None:
+        """2-D buffer ``x`` as the runtime GEMMs read it (``trans``: as its transpose): storage
+        ``f32``, or ``bf16`` or ``f16`` for a caller's tensor of that dtype; a batched
+        parameter's rows through the stride its row table has when evenly spaced (``ok``: the
+        run-time test, :meth:`batch_rows`). None for another storage type."""
         t = s.buf_type(x)
         held = "f32" if self.storage_ctype(t) == "float" else self.dtype(t.dtype).name
-        if held not in ("f32", "bf16") or t.rank != 2:
+        if held not in ("f32", "bf16", "f16") or t.rank != 2:
             return None
+        ptr, ok = self.name(x), None
         if t.role.data in ("local", "temp"):
             rs, cs = self.extents(x)[1], "1"
         else:
             pn = self.arg_of[x]
             if self.buf_info[pn].batch:
-                return None
-            rs = self.mention(self.stride_name(pn, 0))
+                ok, base, rs = (self.mention(f"{w}_{cnames.local(pn)}") for w in ("af", "rb", "rs"))
+                ptr = f"{ptr} + {base}"
+            else:
+                rs = self.mention(self.stride_name(pn, 0))
             cs = "1" if self.unit_axis(pn, 1, 2) else self.mention(self.stride_name(pn, 1))
-        return (cs, rs, held) if trans else (rs, cs, held)
+        return GemmOperand(ptr, cs, rs, held, ok) if trans else GemmOperand(ptr, rs, cs, held, ok)
+
+    def batch_rows(self) -> list[str]:
+        """For each batched parameter a matmul or pack reads as a matrix, its row table tested
+        once a call: ``af_<x>`` whether its rows are evenly spaced (then ``rb_<x>``, the first
+        row's offset, and ``rs_<x>``, the stride, let the GEMM read it: :meth:`gemm_operand`)."""
+        out = []
+        done: set[str] = set()
+        for op in self.k.walk():
+            bufs = (op.a, op.b, op.c) if isinstance(op, s.BufferMatmulOp) else \
+                (op.src,) if isinstance(op, s.PackOp) else ()
+            for x in bufs:
+                t = s.buf_type(x)
+                pn = self.arg_of.get(x)
+                if pn is None or pn in done or t.rank != 2 or not self.buf_info[pn].batch:
+                    continue
+                done.add(pn)
+                cn = cnames.local(pn)
+                out.append(f"int64_t rb_{cn} = 0, rs_{cn} = 0; const int af_{cn} = opgen_rows_even("
+                           f"{self.rows_name(pn)}, {self.dim(t.shape[0])}, &rb_{cn}, &rs_{cn}); "
+                           f"(void)af_{cn}; (void)rb_{cn}; (void)rs_{cn};")
+        return out
 
     def load_expr_named(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
         return self._elem(buf, idx)
@@ -956,7 +1017,7 @@ class CPrinter:
             self.lines = []
         self.stream_flags()
         self.walk(iter(self.k.body.block.ops))
-        body = ["    " + x for x in self.first] + self.lines
+        body = ["    " + x for x in self.batch_rows() + self.first] + self.lines
 
         def region(n: str, ct: str, count: str, sat: str) -> dict[str, str]:
             return {"name": n, "ctype": ct, "count": count, "sat": sat}

@@ -12,7 +12,9 @@
  * (A and B passed as bf16: their values must be bf16 numbers, whose top 16 bits are taken),
  * 6 opgen_gemm_bf16_out, 7 opgen_gemm_bf16_out_par (C too: bf16 in, bf16 out, written back as f32),
  * 8 opgen_bpack then opgen_bgemm_pb, 9 opgen_spack then opgen_sgemm_pb (B packed ahead; the pack
- * buffer filled with 0xff first, so a word the GEMM reads but the pack did not write shows).
+ * buffer filled with 0xff first, so a word the GEMM reads but the pack did not write shows),
+ * 10 opgen_gemm_f16, 11 opgen_gemm_f16_par, 12 opgen_gemm_f16_out, 13 opgen_gemm_f16_out_par
+ * (as 4 to 7 with f16: the values must be f16 numbers, converted by the compiler's _Float16).
  * Built with GEMM_CHECK_FAIL_ALLOC defined: the runtime's large allocations can be made to fail
  * (below). */
 #include <stdint.h>
@@ -36,6 +38,14 @@ void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int
                          const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
 void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                              const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+void opgen_gemm_f16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                    const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_gemm_f16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_gemm_f16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+void opgen_gemm_f16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                            const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
 void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p);
 void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                     int64_t brs, int64_t bcs, const uint16_t *pb, float *C, int64_t ldc, int accumulate);
@@ -97,8 +107,8 @@ int main(int argc, char **argv) {
     const int64_t ars = ta == 2 ? 2 * k : ta ? 1 : k, acs = ta == 2 ? 2 : ta ? m : 1;
     const int64_t brs = tb == 2 ? 2 * n : tb ? 1 : n, bcs = tb == 2 ? 2 : tb ? k : 1;
     gemm_fn *const fns[] = {opgen_sgemm, opgen_sgemm_par, opgen_bgemm, opgen_bgemm_par};
-    if (fn < 0 || fn > 9) {
-        fprintf(stderr, "gemm_check: fn must be 0 to 9\n");
+    if (fn < 0 || fn > 13) {
+        fprintf(stderr, "gemm_check: fn must be 0 to 13\n");
         return 2;
     }
     if (fn == 9) {
@@ -127,6 +137,25 @@ int main(int argc, char **argv) {
             return 3;
         }
         free(pb);
+    } else if (fn >= 10) {
+        uint16_t *h = malloc(sizeof(uint16_t) * (na + nb + nc + 1));
+        if (!h) return 2;
+        for (size_t i = 0; i < na + nb + nc; i++) {
+            const _Float16 v = (_Float16)buf[i];
+            memcpy(&h[i], &v, 2);
+        }
+        if (fn < 12) {
+            (fn == 10 ? opgen_gemm_f16 : opgen_gemm_f16_par)(m, n, k, h, ars, acs, h + na, brs, bcs, C, ldc, acc);
+        } else {
+            (fn == 12 ? opgen_gemm_f16_out : opgen_gemm_f16_out_par)(m, n, k, h, ars, acs, h + na, brs, bcs,
+                                                                     h + na + nb, ldc, acc);
+            for (size_t i = 0; i < nc; i++) {
+                _Float16 v;
+                memcpy(&v, &h[na + nb + i], 2);
+                C[i] = (float)v;
+            }
+        }
+        free(h);
     } else if (fn >= 4) {
         uint16_t *h = malloc(sizeof(uint16_t) * (na + nb + nc + 1));
         if (!h) return 2;
