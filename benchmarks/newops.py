@@ -2,6 +2,7 @@
 
 The DSL files are the tests' (tests/test_new_op_backends.py: the exact and the tanh GELU backward,
 a linear layer with bias and ReLU, LayerNorm backward from saved f32 statistics;
+tests/test_gemm_operands.py: a linear layer over batched rows, in f16 here;
 tests/test_ascendc.py: SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py:
 rotary-embedding backward). They are written into build/bench-ops/ and built there
 with ``opgen build --out`` (incremental), and each row runs against the faster of PyTorch
@@ -32,12 +33,13 @@ def library() -> Any:
     if str(registry.REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
+    from tests.test_gemm_operands import OPS as GEMM_OPS
     from tests.test_new_op_backends import GELU, GELU_TANH, LINEAR, LN_CAST, NARROW
     from tests.test_shapes_dsl import ROPE
 
     OPS.mkdir(parents=True, exist_ok=True)
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
-                       ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW)):
+                       ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW), ("gemm_ops.py", GEMM_OPS)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -216,6 +218,15 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
     t_o, t_t = alternate(lambda: runtime.call("linear_t", lib=lib, **d), theirs, 9)
     out.append({"row": f"new: linear {M}x{K} @ {K}x{F} bf16", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
                 "flops": 2 * M * K * F, "bf16_products": True})
+    # an f16 linear layer over batched rows (B, T, K): the f32 GEMM on f16 storage; PyTorch's f16
+    # matmul, or the f32 upcast and sgemm a user would take where that is slower
+    xh, wh = xl.reshape(4, M // 4, K).to(torch.float16), wl.to(torch.float16)
+    d = {"x": np_of(xh), "w": np_of(wh)}
+    theirs = _fastest([lambda: torch.nn.functional.linear(xh, wh),
+                       lambda: torch.nn.functional.linear(xh.float(), wh.float()).half()])
+    t_o, t_t = alternate(lambda: runtime.call("lin_rows", lib=lib, **d), theirs, 9)
+    out.append({"row": f"new: linear, batched rows 4x{M // 4}x{K} @ {K}x{F} f16", "ours_ms": t_o * 1e3,
+                "torch_ms": t_t * 1e3, "flops": 2 * M * K * F, "f32_products": True})
     return out
 
 

@@ -50,18 +50,24 @@ def test_vector_math_error_bound(checker: Path, fn: str, bound: float) -> None:
     assert float(worst) <= bound, f"{fn}: {worst} ulp at input bits 0x{bits}"
 
 
-def test_loops_calling_them_vectorise() -> None:
-    """The point of these functions: a loop calling one is vectorised by the C compiler the
-    library is built with (libm's expf/erff/tanhf/logf are calls that keep a loop scalar)."""
-    lines = [i for i, text in enumerate(C.read_text().splitlines(), 1) if "out[i] = opgen_" in text]
-    assert len(lines) == 4
+def assert_loops_vectorise(src: Path, count: int) -> None:
+    """Each of the ``count`` lines of C check ``src`` holding ``out[i] = opgen_`` is a loop the C
+    compiler the library is built with vectorises (its -fopt-info report)."""
+    lines = [i for i, text in enumerate(src.read_text().splitlines(), 1) if "out[i] = opgen_" in text]
+    assert len(lines) == count
     flags = [f for f in CFLAGS if f not in ("-fPIC",)]
-    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", "-c", str(C), "-o",
+    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", "-c", str(src), "-o",
                         os.devnull, "-fopt-info-vec-optimized"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     for line in lines:
-        assert any(f"ulp_check.c:{line}:" in x and "loop vectorized" in x for x in r.stderr.splitlines()), \
-            f"line {line} of ulp_check.c is not vectorised:\n{r.stderr[-3000:]}"
+        assert any(f"{src.name}:{line}:" in x and "loop vectorized" in x for x in r.stderr.splitlines()), \
+            f"line {line} of {src.name} is not vectorised:\n{r.stderr[-3000:]}"
+
+
+def test_loops_calling_them_vectorise() -> None:
+    """The point of these functions: a loop calling one is vectorised by the C compiler the
+    library is built with (libm's expf/erff/tanhf/logf are calls that keep a loop scalar)."""
+    assert_loops_vectorise(C, 4)
 
 
 def _strip_builds() -> list[tuple[str, tuple[str, ...], int]]:
@@ -138,12 +144,4 @@ def test_f16_conversion_loops_vectorise() -> None:
     """A loop converting f16 to or from f32 is vectorised by the C compiler the library is built
     with (a _Float16 conversion is one scalar F16C instruction per value on a CPU without
     AVX512-FP16, and kept every loop holding one scalar: SiLU backward f16 8 ns an element)."""
-    lines = [i for i, text in enumerate(F16.read_text().splitlines(), 1) if "out[i] = opgen_" in text]
-    assert len(lines) == 2
-    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
-    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", "-c", str(F16), "-o",
-                        os.devnull, "-fopt-info-vec-optimized"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    for line in lines:
-        assert any(f"f16_check.c:{line}:" in x and "loop vectorized" in x for x in r.stderr.splitlines()), \
-            f"line {line} of f16_check.c is not vectorised:\n{r.stderr[-3000:]}"
+    assert_loops_vectorise(F16, 2)
