@@ -169,3 +169,23 @@ SANITIZED = textwrap.dedent("""
 
 def test_interleaved_strips_are_clean_under_asan_and_ubsan(built):
     assert_clean_under_sanitizers(built, SANITIZED)
+
+
+def test_f16_rows_are_widened_a_strip_at_a_time(built, rng):
+    """map-cpu stages a stream loop's loads of rows (``staged``); the f16 instance of unit stride
+    widens each strip of 32 at once (``opgen_f16_load_strip``: two vcvtph2ps with AVX-512), the
+    strided one value by value: both give the same bits (row lengths around the step)."""
+    (loop,) = _stream_loops(built, "silu_backward")
+    assert [cpu_map.cpu_mapping(o) for o in loop.body.block.ops if isinstance(o, s.LoadOp)] == \
+        [s.CpuMapping.STAGED] * 2
+    text = (built["out"] / "cpu" / "silu_backward.c").read_text()  # (as built: the single build patches COPIES)
+    fns = {f.split("(")[0]: f for f in text.split("static opgen_status_t k_silu_backward_")[1:]}
+    assert fns["f16_u"].count("opgen_f16_load_strip(") == 4  # (grad and x, two strips a step)
+    assert "opgen_f16_load_strip(" not in fns["f16_g"] + fns["bf16_u"] + fns["f32_u"]
+    for d in (1, 31, 32, 33, 63, 64, 65, 96, 130, 200):
+        g = rng.standard_normal((3, 2 * d)).astype(np.float16)
+        x = (3 * rng.standard_normal((3, 2 * d))).astype(np.float16)
+        strided = np.asarray(runtime.call("silu_backward", lib=built["lib"], grad=g[:, ::2], x=x[:, ::2])["dx"])
+        unit = np.asarray(runtime.call("silu_backward", lib=built["lib"], grad=np.ascontiguousarray(g[:, ::2]),
+                                       x=np.ascontiguousarray(x[:, ::2]))["dx"])
+        assert np.array_equal(unit.view(np.uint16), strided.view(np.uint16)), d

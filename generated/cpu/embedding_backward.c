@@ -61,7 +61,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l33_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -92,70 +92,74 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
                 int64_t r26 = v6;
                 for (; r26 + 32 <= d_D; r26 += 32) {
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    _Alignas(64) float ld27[32];
+                    opgen_f16_load_strip(ld27, &p_dtable1[i19 * st_dtable1_0 + r26], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i25 = r26 + l; (void)i25;
-                        const float v27 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
-                        const float v28 = p_dtable1_acc ? v27 : v18;
-                        const float v29 = v28 + v24;
-                        p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v29);
+                        const float v28 = ld27[l];
+                        const float v29 = p_dtable1_acc ? v28 : v18;
+                        const float v30 = v29 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v30);
                     }
                 }
                 #pragma omp simd
                 for (int64_t i25 = r26; i25 < d_D; i25++) {
-                    const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
-                    const float v31 = p_dtable1_acc ? v30 : v18;
-                    const float v32 = v31 + v24;
-                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v32);
+                    const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = v32 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v33);
                 }
             }
         } else {
-            float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            opgen_zero(l33, sizeof(float) * (size_t)d_D);
-            for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 4ll;
-                const int64_t v36 = 1ll;
-                const int64_t v37 = 0ll;
-                const int64_t v38 = i34 + v35;
-                const int64_t v39 = d_N - v36;
-                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
-                const int64_t v41 = t15[v40];
-                const bool v42 = v41 >= v37;
-                const bool v43 = v41 < d_N;
-                const bool v44 = v42 && v43;
-                if (v44) {
-                    for (int64_t q45 = 0; q45 < d_D; q45 += 32) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
+            opgen_zero(l34, sizeof(float) * (size_t)d_D);
+            for (int64_t i35 = v20; i35 < v22; i35++) {
+                const int64_t v36 = 4ll;
+                const int64_t v37 = 1ll;
+                const int64_t v38 = 0ll;
+                const int64_t v39 = i35 + v36;
+                const int64_t v40 = d_N - v37;
+                const int64_t v41 = ((v39 < v40 || v39 != v39) ? v39 : v40);
+                const int64_t v42 = t15[v41];
+                const bool v43 = v42 >= v38;
+                const bool v44 = v42 < d_N;
+                const bool v45 = v43 && v44;
+                if (v45) {
+                    for (int64_t q46 = 0; q46 < d_D; q46 += 32) OPGEN_PREFETCH(p_dy, v42 * st_dy_0 + (v38 + q46), 0);
                 } else {
                 }
-                const int64_t v46 = t15[i34];
+                const int64_t v47 = t15[i35];
                 #pragma omp simd
-                for (int64_t i47 = v6; i47 < d_D; i47++) {
-                    const float v48 = opgen_f16_to_f32(p_dy[v46 * st_dy_0 + i47]);
-                    const float v49 = v48 * v17;
-                    l33[i47] += v49;
+                for (int64_t i48 = v6; i48 < d_D; i48++) {
+                    const float v49 = opgen_f16_to_f32(p_dy[v47 * st_dy_0 + i48]);
+                    const float v50 = v49 * v17;
+                    l34[i48] += v50;
                 }
             }
             {
-                int64_t r51 = v6;
-                for (; r51 + 32 <= d_D; r51 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
+                int64_t r52 = v6;
+                for (; r52 + 32 <= d_D; r52 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r52, 2048);
+                    _Alignas(64) float ld53[32];
+                    opgen_f16_load_strip(ld53, &p_dtable1[i19 * st_dtable1_0 + r52], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i50 = r51 + l; (void)i50;
-                        const float v52 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
-                        const float v53 = p_dtable1_acc ? v52 : v18;
-                        const float v54 = l33[i50];
-                        const float v55 = v53 + v54;
-                        p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v55);
+                        const int64_t i51 = r52 + l; (void)i51;
+                        const float v54 = ld53[l];
+                        const float v55 = p_dtable1_acc ? v54 : v18;
+                        const float v56 = l34[i51];
+                        const float v57 = v55 + v56;
+                        p_dtable1[i19 * st_dtable1_0 + i51] = opgen_f32_to_f16(v57);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i50 = r51; i50 < d_D; i50++) {
-                    const float v56 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
-                    const float v57 = p_dtable1_acc ? v56 : v18;
-                    const float v58 = l33[i50];
-                    const float v59 = v57 + v58;
-                    p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v59);
+                for (int64_t i51 = r52; i51 < d_D; i51++) {
+                    const float v58 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i51]);
+                    const float v59 = p_dtable1_acc ? v58 : v18;
+                    const float v60 = l34[i51];
+                    const float v61 = v59 + v60;
+                    p_dtable1[i19 * st_dtable1_0 + i51] = opgen_f32_to_f16(v61);
                 }
             }
         }
@@ -692,7 +696,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -720,70 +724,74 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
                 int64_t r22 = v2;
                 for (; r22 + 32 <= d_D; r22 += 32) {
                     OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
+                    _Alignas(64) float ld23[32];
+                    opgen_f16_load_strip(ld23, &p_dtable1[i15 * st_dtable1_0 + r22], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i21 = r22 + l; (void)i21;
-                        const float v23 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
-                        const float v24 = p_dtable1_acc ? v23 : v14;
-                        const float v25 = v24 + v20;
-                        p_dtable1[i15 * st_dtable1_0 + i21] = opgen_f32_to_f16(v25);
+                        const float v24 = ld23[l];
+                        const float v25 = p_dtable1_acc ? v24 : v14;
+                        const float v26 = v25 + v20;
+                        p_dtable1[i15 * st_dtable1_0 + i21] = opgen_f32_to_f16(v26);
                     }
                 }
                 #pragma omp simd
                 for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v26 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
-                    const float v27 = p_dtable1_acc ? v26 : v14;
-                    const float v28 = v27 + v20;
-                    p_dtable1[i15 * st_dtable1_0 + i21] = opgen_f32_to_f16(v28);
+                    const float v27 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
+                    const float v28 = p_dtable1_acc ? v27 : v14;
+                    const float v29 = v28 + v20;
+                    p_dtable1[i15 * st_dtable1_0 + i21] = opgen_f32_to_f16(v29);
                 }
             }
         } else {
-            float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
-            opgen_zero(l29, sizeof(float) * (size_t)d_D);
-            for (int64_t i30 = v16; i30 < v18; i30++) {
-                const int64_t v31 = 4ll;
-                const int64_t v32 = 1ll;
-                const int64_t v33 = 0ll;
-                const int64_t v34 = i30 + v31;
-                const int64_t v35 = d_N - v32;
-                const int64_t v36 = ((v34 < v35 || v34 != v34) ? v34 : v35);
-                const int64_t v37 = t11[v36];
-                const bool v38 = v37 >= v33;
-                const bool v39 = v37 < d_N;
-                const bool v40 = v38 && v39;
-                if (v40) {
-                    for (int64_t q41 = 0; q41 < d_D; q41 += 32) OPGEN_PREFETCH(p_dy, v37 * st_dy_0 + (v33 + q41), 0);
+            float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+            opgen_zero(l30, sizeof(float) * (size_t)d_D);
+            for (int64_t i31 = v16; i31 < v18; i31++) {
+                const int64_t v32 = 4ll;
+                const int64_t v33 = 1ll;
+                const int64_t v34 = 0ll;
+                const int64_t v35 = i31 + v32;
+                const int64_t v36 = d_N - v33;
+                const int64_t v37 = ((v35 < v36 || v35 != v35) ? v35 : v36);
+                const int64_t v38 = t11[v37];
+                const bool v39 = v38 >= v34;
+                const bool v40 = v38 < d_N;
+                const bool v41 = v39 && v40;
+                if (v41) {
+                    for (int64_t q42 = 0; q42 < d_D; q42 += 32) OPGEN_PREFETCH(p_dy, v38 * st_dy_0 + (v34 + q42), 0);
                 } else {
                 }
-                const int64_t v42 = t11[i30];
+                const int64_t v43 = t11[i31];
                 #pragma omp simd
-                for (int64_t i43 = v2; i43 < d_D; i43++) {
-                    const float v44 = opgen_f16_to_f32(p_dy[v42 * st_dy_0 + i43]);
-                    const float v45 = v44 * v13;
-                    l29[i43] += v45;
+                for (int64_t i44 = v2; i44 < d_D; i44++) {
+                    const float v45 = opgen_f16_to_f32(p_dy[v43 * st_dy_0 + i44]);
+                    const float v46 = v45 * v13;
+                    l30[i44] += v46;
                 }
             }
             {
-                int64_t r47 = v2;
-                for (; r47 + 32 <= d_D; r47 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r47, 2048);
+                int64_t r48 = v2;
+                for (; r48 + 32 <= d_D; r48 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r48, 2048);
+                    _Alignas(64) float ld49[32];
+                    opgen_f16_load_strip(ld49, &p_dtable1[i15 * st_dtable1_0 + r48], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i46 = r47 + l; (void)i46;
-                        const float v48 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i46]);
-                        const float v49 = p_dtable1_acc ? v48 : v14;
-                        const float v50 = l29[i46];
-                        const float v51 = v49 + v50;
-                        p_dtable1[i15 * st_dtable1_0 + i46] = opgen_f32_to_f16(v51);
+                        const int64_t i47 = r48 + l; (void)i47;
+                        const float v50 = ld49[l];
+                        const float v51 = p_dtable1_acc ? v50 : v14;
+                        const float v52 = l30[i47];
+                        const float v53 = v51 + v52;
+                        p_dtable1[i15 * st_dtable1_0 + i47] = opgen_f32_to_f16(v53);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i46 = r47; i46 < d_D; i46++) {
-                    const float v52 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i46]);
-                    const float v53 = p_dtable1_acc ? v52 : v14;
-                    const float v54 = l29[i46];
-                    const float v55 = v53 + v54;
-                    p_dtable1[i15 * st_dtable1_0 + i46] = opgen_f32_to_f16(v55);
+                for (int64_t i47 = r48; i47 < d_D; i47++) {
+                    const float v54 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i47]);
+                    const float v55 = p_dtable1_acc ? v54 : v14;
+                    const float v56 = l30[i47];
+                    const float v57 = v55 + v56;
+                    p_dtable1[i15 * st_dtable1_0 + i47] = opgen_f32_to_f16(v57);
                 }
             }
         }
@@ -1301,7 +1309,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l33_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -1332,70 +1340,74 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
                 int64_t r26 = v6;
                 for (; r26 + 32 <= d_D; r26 += 32) {
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    _Alignas(64) float ld27[32];
+                    opgen_f16_load_strip(ld27, &p_dtable1[i19 * st_dtable1_0 + r26], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i25 = r26 + l; (void)i25;
-                        const float v27 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
-                        const float v28 = p_dtable1_acc ? v27 : v18;
-                        const float v29 = v28 + v24;
-                        p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v29);
+                        const float v28 = ld27[l];
+                        const float v29 = p_dtable1_acc ? v28 : v18;
+                        const float v30 = v29 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v30);
                     }
                 }
                 #pragma omp simd
                 for (int64_t i25 = r26; i25 < d_D; i25++) {
-                    const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
-                    const float v31 = p_dtable1_acc ? v30 : v18;
-                    const float v32 = v31 + v24;
-                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v32);
+                    const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = v32 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v33);
                 }
             }
         } else {
-            float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            opgen_zero(l33, sizeof(float) * (size_t)d_D);
-            for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 4ll;
-                const int64_t v36 = 1ll;
-                const int64_t v37 = 0ll;
-                const int64_t v38 = i34 + v35;
-                const int64_t v39 = d_N - v36;
-                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
-                const int64_t v41 = t15[v40];
-                const bool v42 = v41 >= v37;
-                const bool v43 = v41 < d_N;
-                const bool v44 = v42 && v43;
-                if (v44) {
-                    for (int64_t q45 = 0; q45 < d_D; q45 += 32) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
+            opgen_zero(l34, sizeof(float) * (size_t)d_D);
+            for (int64_t i35 = v20; i35 < v22; i35++) {
+                const int64_t v36 = 4ll;
+                const int64_t v37 = 1ll;
+                const int64_t v38 = 0ll;
+                const int64_t v39 = i35 + v36;
+                const int64_t v40 = d_N - v37;
+                const int64_t v41 = ((v39 < v40 || v39 != v39) ? v39 : v40);
+                const int64_t v42 = t15[v41];
+                const bool v43 = v42 >= v38;
+                const bool v44 = v42 < d_N;
+                const bool v45 = v43 && v44;
+                if (v45) {
+                    for (int64_t q46 = 0; q46 < d_D; q46 += 32) OPGEN_PREFETCH(p_dy, v42 * st_dy_0 + (v38 + q46), 0);
                 } else {
                 }
-                const int64_t v46 = t15[i34];
+                const int64_t v47 = t15[i35];
                 #pragma omp simd
-                for (int64_t i47 = v6; i47 < d_D; i47++) {
-                    const float v48 = opgen_f16_to_f32(p_dy[v46 * st_dy_0 + i47]);
-                    const float v49 = v48 * v17;
-                    l33[i47] += v49;
+                for (int64_t i48 = v6; i48 < d_D; i48++) {
+                    const float v49 = opgen_f16_to_f32(p_dy[v47 * st_dy_0 + i48]);
+                    const float v50 = v49 * v17;
+                    l34[i48] += v50;
                 }
             }
             {
-                int64_t r51 = v6;
-                for (; r51 + 32 <= d_D; r51 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
+                int64_t r52 = v6;
+                for (; r52 + 32 <= d_D; r52 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r52, 2048);
+                    _Alignas(64) float ld53[32];
+                    opgen_f16_load_strip(ld53, &p_dtable1[i19 * st_dtable1_0 + r52], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i50 = r51 + l; (void)i50;
-                        const float v52 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
-                        const float v53 = p_dtable1_acc ? v52 : v18;
-                        const float v54 = l33[i50];
-                        const float v55 = v53 + v54;
-                        p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v55);
+                        const int64_t i51 = r52 + l; (void)i51;
+                        const float v54 = ld53[l];
+                        const float v55 = p_dtable1_acc ? v54 : v18;
+                        const float v56 = l34[i51];
+                        const float v57 = v55 + v56;
+                        p_dtable1[i19 * st_dtable1_0 + i51] = opgen_f32_to_f16(v57);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i50 = r51; i50 < d_D; i50++) {
-                    const float v56 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
-                    const float v57 = p_dtable1_acc ? v56 : v18;
-                    const float v58 = l33[i50];
-                    const float v59 = v57 + v58;
-                    p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v59);
+                for (int64_t i51 = r52; i51 < d_D; i51++) {
+                    const float v58 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i51]);
+                    const float v59 = p_dtable1_acc ? v58 : v18;
+                    const float v60 = l34[i51];
+                    const float v61 = v59 + v60;
+                    p_dtable1[i19 * st_dtable1_0 + i51] = opgen_f32_to_f16(v61);
                 }
             }
         }
@@ -1951,10 +1963,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t63 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t64 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t65 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t66 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1990,153 +2002,161 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                 int64_t r28 = v2;
                 for (; r28 + 32 <= d_D; r28 += 32) {
                     OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
+                    _Alignas(64) float ld29[32];
+                    opgen_f16_load_strip(ld29, &p_dtable1[i21 * st_dtable1_0 + r28], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i27 = r28 + l; (void)i27;
-                        const float v29 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
-                        const float v30 = p_dtable1_acc ? v29 : v20;
-                        const float v31 = v30 + v26;
-                        p_dtable1[i21 * st_dtable1_0 + i27] = opgen_f32_to_f16(v31);
+                        const float v30 = ld29[l];
+                        const float v31 = p_dtable1_acc ? v30 : v20;
+                        const float v32 = v31 + v26;
+                        p_dtable1[i21 * st_dtable1_0 + i27] = opgen_f32_to_f16(v32);
                     }
                 }
                 #pragma omp simd
                 for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v32 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
-                    const float v33 = p_dtable1_acc ? v32 : v20;
-                    const float v34 = v33 + v26;
-                    p_dtable1[i21 * st_dtable1_0 + i27] = opgen_f32_to_f16(v34);
+                    const float v33 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
+                    const float v34 = p_dtable1_acc ? v33 : v20;
+                    const float v35 = v34 + v26;
+                    p_dtable1[i21 * st_dtable1_0 + i27] = opgen_f32_to_f16(v35);
                 }
             }
         } else {
-            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
-            opgen_zero(l35, sizeof(float) * (size_t)d_D);
-            for (int64_t i36 = v22; i36 < v24; i36++) {
-                const int64_t v37 = 4ll;
-                const int64_t v38 = 1ll;
-                const int64_t v39 = 0ll;
-                const int64_t v40 = i36 + v37;
-                const int64_t v41 = d_N - v38;
-                const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
-                const int64_t v43 = t17[v42];
-                const bool v44 = v43 >= v39;
-                const bool v45 = v43 < d_N;
-                const bool v46 = v44 && v45;
-                if (v46) {
-                    for (int64_t q47 = 0; q47 < d_D; q47 += 32) OPGEN_PREFETCH(p_dy, v43 * st_dy_0 + (v39 + q47), 0);
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)d_D);
+            opgen_zero(l36, sizeof(float) * (size_t)d_D);
+            for (int64_t i37 = v22; i37 < v24; i37++) {
+                const int64_t v38 = 4ll;
+                const int64_t v39 = 1ll;
+                const int64_t v40 = 0ll;
+                const int64_t v41 = i37 + v38;
+                const int64_t v42 = d_N - v39;
+                const int64_t v43 = ((v41 < v42 || v41 != v41) ? v41 : v42);
+                const int64_t v44 = t17[v43];
+                const bool v45 = v44 >= v40;
+                const bool v46 = v44 < d_N;
+                const bool v47 = v45 && v46;
+                if (v47) {
+                    for (int64_t q48 = 0; q48 < d_D; q48 += 32) OPGEN_PREFETCH(p_dy, v44 * st_dy_0 + (v40 + q48), 0);
                 } else {
                 }
-                const int64_t v48 = t17[i36];
+                const int64_t v49 = t17[i37];
                 #pragma omp simd
-                for (int64_t i49 = v2; i49 < d_D; i49++) {
-                    const float v50 = opgen_f16_to_f32(p_dy[v48 * st_dy_0 + i49]);
-                    const float v51 = v50 * v19;
-                    l35[i49] += v51;
+                for (int64_t i50 = v2; i50 < d_D; i50++) {
+                    const float v51 = opgen_f16_to_f32(p_dy[v49 * st_dy_0 + i50]);
+                    const float v52 = v51 * v19;
+                    l36[i50] += v52;
                 }
             }
             {
-                int64_t r53 = v2;
-                for (; r53 + 32 <= d_D; r53 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r53, 2048);
+                int64_t r54 = v2;
+                for (; r54 + 32 <= d_D; r54 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r54, 2048);
+                    _Alignas(64) float ld55[32];
+                    opgen_f16_load_strip(ld55, &p_dtable1[i21 * st_dtable1_0 + r54], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i52 = r53 + l; (void)i52;
-                        const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i52]);
-                        const float v55 = p_dtable1_acc ? v54 : v20;
-                        const float v56 = l35[i52];
-                        const float v57 = v55 + v56;
-                        p_dtable1[i21 * st_dtable1_0 + i52] = opgen_f32_to_f16(v57);
+                        const int64_t i53 = r54 + l; (void)i53;
+                        const float v56 = ld55[l];
+                        const float v57 = p_dtable1_acc ? v56 : v20;
+                        const float v58 = l36[i53];
+                        const float v59 = v57 + v58;
+                        p_dtable1[i21 * st_dtable1_0 + i53] = opgen_f32_to_f16(v59);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i52 = r53; i52 < d_D; i52++) {
-                    const float v58 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i52]);
-                    const float v59 = p_dtable1_acc ? v58 : v20;
-                    const float v60 = l35[i52];
-                    const float v61 = v59 + v60;
-                    p_dtable1[i21 * st_dtable1_0 + i52] = opgen_f32_to_f16(v61);
+                for (int64_t i53 = r54; i53 < d_D; i53++) {
+                    const float v60 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i53]);
+                    const float v61 = p_dtable1_acc ? v60 : v20;
+                    const float v62 = l36[i53];
+                    const float v63 = v61 + v62;
+                    p_dtable1[i21 * st_dtable1_0 + i53] = opgen_f32_to_f16(v63);
                 }
             }
         }
     }
-    const int64_t v62 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t63, t64);
-    const float v65 = p_alpha2;
+    const int64_t v64 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t65, t66);
+    const float v67 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i66 = v2; i66 < v62; i66++) {
-        const int64_t v67 = opgen_seg_start(t63, i66, d_N2, d_N);
-        const int64_t v68 = i66 + v18;
-        const int64_t v69 = opgen_seg_start(t63, v68, d_N2, d_N);
-        const bool v70 = v69 <= v67;
-        if (v70) {
-            const float v71 = 0.0f;
+    for (int64_t i68 = v2; i68 < v64; i68++) {
+        const int64_t v69 = opgen_seg_start(t65, i68, d_N2, d_N);
+        const int64_t v70 = i68 + v18;
+        const int64_t v71 = opgen_seg_start(t65, v70, d_N2, d_N);
+        const bool v72 = v71 <= v69;
+        if (v72) {
+            const float v73 = 0.0f;
             {
-                int64_t r73 = v2;
-                for (; r73 + 32 <= d_D; r73 += 32) {
-                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r73, 2048);
+                int64_t r75 = v2;
+                for (; r75 + 32 <= d_D; r75 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i68 * st_dtable2_0 + r75, 2048);
+                    _Alignas(64) float ld76[32];
+                    opgen_f16_load_strip(ld76, &p_dtable2[i68 * st_dtable2_0 + r75], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i72 = r73 + l; (void)i72;
-                        const float v74 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i72]);
-                        const float v75 = p_dtable2_acc ? v74 : v20;
-                        const float v76 = v75 + v71;
-                        p_dtable2[i66 * st_dtable2_0 + i72] = opgen_f32_to_f16(v76);
+                        const int64_t i74 = r75 + l; (void)i74;
+                        const float v77 = ld76[l];
+                        const float v78 = p_dtable2_acc ? v77 : v20;
+                        const float v79 = v78 + v73;
+                        p_dtable2[i68 * st_dtable2_0 + i74] = opgen_f32_to_f16(v79);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i72 = r73; i72 < d_D; i72++) {
-                    const float v77 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i72]);
-                    const float v78 = p_dtable2_acc ? v77 : v20;
-                    const float v79 = v78 + v71;
-                    p_dtable2[i66 * st_dtable2_0 + i72] = opgen_f32_to_f16(v79);
+                for (int64_t i74 = r75; i74 < d_D; i74++) {
+                    const float v80 = opgen_f16_to_f32(p_dtable2[i68 * st_dtable2_0 + i74]);
+                    const float v81 = p_dtable2_acc ? v80 : v20;
+                    const float v82 = v81 + v73;
+                    p_dtable2[i68 * st_dtable2_0 + i74] = opgen_f32_to_f16(v82);
                 }
             }
         } else {
-            float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
-            opgen_zero(l80, sizeof(float) * (size_t)d_D);
-            for (int64_t i81 = v67; i81 < v69; i81++) {
-                const int64_t v82 = 4ll;
-                const int64_t v83 = 1ll;
-                const int64_t v84 = 0ll;
-                const int64_t v85 = i81 + v82;
-                const int64_t v86 = d_N - v83;
-                const int64_t v87 = ((v85 < v86 || v85 != v85) ? v85 : v86);
-                const int64_t v88 = t64[v87];
-                const bool v89 = v88 >= v84;
-                const bool v90 = v88 < d_N;
-                const bool v91 = v89 && v90;
-                if (v91) {
-                    for (int64_t q92 = 0; q92 < d_D; q92 += 32) OPGEN_PREFETCH(p_dy, v88 * st_dy_0 + (v84 + q92), 0);
+            float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)d_D);
+            opgen_zero(l83, sizeof(float) * (size_t)d_D);
+            for (int64_t i84 = v69; i84 < v71; i84++) {
+                const int64_t v85 = 4ll;
+                const int64_t v86 = 1ll;
+                const int64_t v87 = 0ll;
+                const int64_t v88 = i84 + v85;
+                const int64_t v89 = d_N - v86;
+                const int64_t v90 = ((v88 < v89 || v88 != v88) ? v88 : v89);
+                const int64_t v91 = t66[v90];
+                const bool v92 = v91 >= v87;
+                const bool v93 = v91 < d_N;
+                const bool v94 = v92 && v93;
+                if (v94) {
+                    for (int64_t q95 = 0; q95 < d_D; q95 += 32) OPGEN_PREFETCH(p_dy, v91 * st_dy_0 + (v87 + q95), 0);
                 } else {
                 }
-                const int64_t v93 = t64[i81];
+                const int64_t v96 = t66[i84];
                 #pragma omp simd
-                for (int64_t i94 = v2; i94 < d_D; i94++) {
-                    const float v95 = opgen_f16_to_f32(p_dy[v93 * st_dy_0 + i94]);
-                    const float v96 = v95 * v65;
-                    l80[i94] += v96;
+                for (int64_t i97 = v2; i97 < d_D; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_dy[v96 * st_dy_0 + i97]);
+                    const float v99 = v98 * v67;
+                    l83[i97] += v99;
                 }
             }
             {
-                int64_t r98 = v2;
-                for (; r98 + 32 <= d_D; r98 += 32) {
-                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r98, 2048);
+                int64_t r101 = v2;
+                for (; r101 + 32 <= d_D; r101 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i68 * st_dtable2_0 + r101, 2048);
+                    _Alignas(64) float ld102[32];
+                    opgen_f16_load_strip(ld102, &p_dtable2[i68 * st_dtable2_0 + r101], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i97 = r98 + l; (void)i97;
-                        const float v99 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i97]);
-                        const float v100 = p_dtable2_acc ? v99 : v20;
-                        const float v101 = l80[i97];
-                        const float v102 = v100 + v101;
-                        p_dtable2[i66 * st_dtable2_0 + i97] = opgen_f32_to_f16(v102);
+                        const int64_t i100 = r101 + l; (void)i100;
+                        const float v103 = ld102[l];
+                        const float v104 = p_dtable2_acc ? v103 : v20;
+                        const float v105 = l83[i100];
+                        const float v106 = v104 + v105;
+                        p_dtable2[i68 * st_dtable2_0 + i100] = opgen_f32_to_f16(v106);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i97 = r98; i97 < d_D; i97++) {
-                    const float v103 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i97]);
-                    const float v104 = p_dtable2_acc ? v103 : v20;
-                    const float v105 = l80[i97];
-                    const float v106 = v104 + v105;
-                    p_dtable2[i66 * st_dtable2_0 + i97] = opgen_f32_to_f16(v106);
+                for (int64_t i100 = r101; i100 < d_D; i100++) {
+                    const float v107 = opgen_f16_to_f32(p_dtable2[i68 * st_dtable2_0 + i100]);
+                    const float v108 = p_dtable2_acc ? v107 : v20;
+                    const float v109 = l83[i100];
+                    const float v110 = v108 + v109;
+                    p_dtable2[i68 * st_dtable2_0 + i100] = opgen_f32_to_f16(v110);
                 }
             }
         }

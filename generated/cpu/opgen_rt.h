@@ -543,6 +543,20 @@ static inline void opgen_f16_store_strip(uint16_t *dst, int64_t st, const float 
     }
     for (int l = 0; l < n; l++) dst[l * st] = opgen_f32_to_f16(src[l]);
 }
+/* n f16 values from src (contiguous) widened to f32 at dst (64-byte aligned): map-cpu's staged
+ * loads of an f16 row, a stream loop's strip at a time (two vcvtph2ps per 32 with AVX-512,
+ * exact: the bits of opgen_f16_to_f32, tests/test_interleave.py). */
+static inline void opgen_f16_load_strip(float *dst, const uint16_t *src, int n) {
+#if defined(__AVX512F__)
+    if (n == 32) {
+        _mm512_store_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)src)));
+        _mm512_store_ps(dst + 16, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(src + 16))));
+        return;
+    }
+#endif
+#pragma omp simd
+    for (int l = 0; l < n; l++) dst[l] = opgen_f16_to_f32(src[l]);
+}
 /* A strip of n copies of v at dst (element stride st), rounded once (bf16, f16): a staged store
  * whose value is the same all along its loop (an embedding gradient's rows of zeros); nt as in
  * opgen_f32_store_strip. */

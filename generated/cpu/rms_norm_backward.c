@@ -66,7 +66,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l301_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -274,288 +274,296 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
                     OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
                     _Alignas(64) float stg125[32];
                     _Alignas(64) float stg126[32];
+                    _Alignas(64) float ld127[32];
+                    opgen_f16_load_strip(ld127, &p_grad_y[ro_grad_y[v23] + r87], 32);
+                    _Alignas(64) float ld128[32];
+                    opgen_f16_load_strip(ld128, &p_x[ro_x[v23] + r87], 32);
                     for (int l = 0; l < 32; l++) {
                         const int64_t i86 = r87 + l; (void)i86;
-                        const float v127 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                        const float v128 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                        const float v129 = v127 * v128;
-                        const float v130 = l24;
-                        const float v131 = v130 / v7;
-                        const float v132 = v131 + v8;
-                        const float v133 = 1.0f / sqrtf(v132);
-                        const float v134 = v129 * v133;
-                        l10[i86] += v134;
-                        const float v135 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                        const float v136 = v127 * v135;
-                        const float v137 = v136 * v133;
-                        const float v138 = l26;
-                        const float v139 = v138 / v7;
-                        const float v140 = v139 * v133;
-                        const float v141 = v140 * v133;
-                        const float v142 = v141 * v133;
-                        const float v143 = v128 * v142;
-                        const float v144 = v137 - v143;
-                        stg125[l] = v144;
-                        const float v145 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                        const float v146 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                        const float v147 = v145 * v146;
-                        const float v148 = l50;
-                        const float v149 = v148 / v7;
-                        const float v150 = v149 + v8;
-                        const float v151 = 1.0f / sqrtf(v150);
-                        const float v152 = v147 * v151;
-                        l10[i86] += v152;
-                        const float v153 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                        const float v154 = v145 * v153;
-                        const float v155 = v154 * v151;
-                        const float v156 = l52;
-                        const float v157 = v156 / v7;
-                        const float v158 = v157 * v151;
-                        const float v159 = v158 * v151;
-                        const float v160 = v159 * v151;
-                        const float v161 = v146 * v160;
-                        const float v162 = v155 - v161;
-                        stg126[l] = v162;
+                        const float v129 = ld127[l];
+                        const float v130 = ld128[l];
+                        const float v131 = v129 * v130;
+                        const float v132 = l24;
+                        const float v133 = v132 / v7;
+                        const float v134 = v133 + v8;
+                        const float v135 = 1.0f / sqrtf(v134);
+                        const float v136 = v131 * v135;
+                        l10[i86] += v136;
+                        const float v137 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                        const float v138 = v129 * v137;
+                        const float v139 = v138 * v135;
+                        const float v140 = l26;
+                        const float v141 = v140 / v7;
+                        const float v142 = v141 * v135;
+                        const float v143 = v142 * v135;
+                        const float v144 = v143 * v135;
+                        const float v145 = v130 * v144;
+                        const float v146 = v139 - v145;
+                        stg125[l] = v146;
+                        const float v147 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                        const float v148 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                        const float v149 = v147 * v148;
+                        const float v150 = l50;
+                        const float v151 = v150 / v7;
+                        const float v152 = v151 + v8;
+                        const float v153 = 1.0f / sqrtf(v152);
+                        const float v154 = v149 * v153;
+                        l10[i86] += v154;
+                        const float v155 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                        const float v156 = v147 * v155;
+                        const float v157 = v156 * v153;
+                        const float v158 = l52;
+                        const float v159 = v158 / v7;
+                        const float v160 = v159 * v153;
+                        const float v161 = v160 * v153;
+                        const float v162 = v161 * v153;
+                        const float v163 = v148 * v162;
+                        const float v164 = v157 - v163;
+                        stg126[l] = v164;
                     }
                     opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
                     opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
                 }
                 for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v163 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v164 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v165 = v163 * v164;
-                    const float v166 = l24;
-                    const float v167 = v166 / v7;
-                    const float v168 = v167 + v8;
-                    const float v169 = 1.0f / sqrtf(v168);
-                    const float v170 = v165 * v169;
-                    l10[i86] += v170;
-                    const float v171 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                    const float v172 = v163 * v171;
-                    const float v173 = v172 * v169;
-                    const float v174 = l26;
-                    const float v175 = v174 / v7;
-                    const float v176 = v175 * v169;
-                    const float v177 = v176 * v169;
-                    const float v178 = v177 * v169;
-                    const float v179 = v164 * v178;
-                    const float v180 = v173 - v179;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v180);
-                    const float v181 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v182 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v183 = v181 * v182;
-                    const float v184 = l50;
-                    const float v185 = v184 / v7;
-                    const float v186 = v185 + v8;
-                    const float v187 = 1.0f / sqrtf(v186);
-                    const float v188 = v183 * v187;
-                    l10[i86] += v188;
-                    const float v189 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                    const float v190 = v181 * v189;
-                    const float v191 = v190 * v187;
-                    const float v192 = l52;
-                    const float v193 = v192 / v7;
-                    const float v194 = v193 * v187;
-                    const float v195 = v194 * v187;
-                    const float v196 = v195 * v187;
-                    const float v197 = v182 * v196;
-                    const float v198 = v191 - v197;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v198);
+                    const float v165 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v166 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v167 = v165 * v166;
+                    const float v168 = l24;
+                    const float v169 = v168 / v7;
+                    const float v170 = v169 + v8;
+                    const float v171 = 1.0f / sqrtf(v170);
+                    const float v172 = v167 * v171;
+                    l10[i86] += v172;
+                    const float v173 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                    const float v174 = v165 * v173;
+                    const float v175 = v174 * v171;
+                    const float v176 = l26;
+                    const float v177 = v176 / v7;
+                    const float v178 = v177 * v171;
+                    const float v179 = v178 * v171;
+                    const float v180 = v179 * v171;
+                    const float v181 = v166 * v180;
+                    const float v182 = v175 - v181;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v182);
+                    const float v183 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v184 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v185 = v183 * v184;
+                    const float v186 = l50;
+                    const float v187 = v186 / v7;
+                    const float v188 = v187 + v8;
+                    const float v189 = 1.0f / sqrtf(v188);
+                    const float v190 = v185 * v189;
+                    l10[i86] += v190;
+                    const float v191 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
+                    const float v192 = v183 * v191;
+                    const float v193 = v192 * v189;
+                    const float v194 = l52;
+                    const float v195 = v194 / v7;
+                    const float v196 = v195 * v189;
+                    const float v197 = v196 * v189;
+                    const float v198 = v197 * v189;
+                    const float v199 = v184 * v198;
+                    const float v200 = v193 - v199;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v200);
                 }
             }
         }
-        for (int64_t i199 = v20; i199 < v13; i199++) {
-            float l200 = 0;
-            float l201 = 0;
+        for (int64_t i201 = v20; i201 < v13; i201++) {
             float l202 = 0;
             float l203 = 0;
+            float l204 = 0;
+            float l205 = 0;
             {
-                float lane205[32];
-                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
-                float lane206[32];
-                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
-                int64_t r207 = v1;
-                for (; r207 + 32 <= d_D; r207 += 32) {
+                float lane207[32];
+                for (int l = 0; l < 32; l++) lane207[l] = l ? 0 : l203;
+                float lane208[32];
+                for (int l = 0; l < 32; l++) lane208[l] = l ? 0 : l205;
+                int64_t r209 = v1;
+                for (; r209 + 32 <= d_D; r209 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i204 = r207 + l;
-                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v209 = v208 * v208;
-                        lane205[l] += v209;
-                        const float v210 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v211 = opgen_f16_to_f32(p_w[i204 * st_w_0]);
-                        const float v212 = v210 * v211;
-                        const float v213 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const int64_t i206 = r209 + l;
+                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v211 = v210 * v210;
+                        lane207[l] += v211;
+                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
+                        const float v213 = opgen_f16_to_f32(p_w[i206 * st_w_0]);
                         const float v214 = v212 * v213;
-                        lane206[l] += v214;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v216 = v214 * v215;
+                        lane208[l] += v216;
                     }
                 }
-                for (int l = 0; r207 + l < d_D; l++) {
+                for (int l = 0; r209 + l < d_D; l++) {
                     {
-                        const int64_t i204 = r207 + l;
-                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v216 = v215 * v215;
-                        lane205[l] += v216;
-                        const float v217 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v218 = opgen_f16_to_f32(p_w[i204 * st_w_0]);
-                        const float v219 = v217 * v218;
-                        const float v220 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const int64_t i206 = r209 + l;
+                        const float v217 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v218 = v217 * v217;
+                        lane207[l] += v218;
+                        const float v219 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
+                        const float v220 = opgen_f16_to_f32(p_w[i206 * st_w_0]);
                         const float v221 = v219 * v220;
-                        lane206[l] += v221;
+                        const float v222 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v223 = v221 * v222;
+                        lane208[l] += v223;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
-                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
-                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
-                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
-                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
-                l201 = lane205[0];
-                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
-                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
-                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
-                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
-                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
-                l203 = lane206[0];
+                for (int l = 0; l < 16; l++) lane207[l] += lane207[l + 16];
+                for (int l = 0; l < 8; l++) lane207[l] += lane207[l + 8];
+                for (int l = 0; l < 4; l++) lane207[l] += lane207[l + 4];
+                for (int l = 0; l < 2; l++) lane207[l] += lane207[l + 2];
+                for (int l = 0; l < 1; l++) lane207[l] += lane207[l + 1];
+                l203 = lane207[0];
+                for (int l = 0; l < 16; l++) lane208[l] += lane208[l + 16];
+                for (int l = 0; l < 8; l++) lane208[l] += lane208[l + 8];
+                for (int l = 0; l < 4; l++) lane208[l] += lane208[l + 4];
+                for (int l = 0; l < 2; l++) lane208[l] += lane208[l + 2];
+                for (int l = 0; l < 1; l++) lane208[l] += lane208[l + 1];
+                l205 = lane208[0];
             }
-            const float v222 = l201;
-            l200 = v222;
-            const float v223 = l203;
-            l202 = v223;
-            const int64_t v224 = 1ll;
-            const int64_t v225 = 0ll;
-            const int64_t v226 = i199 + v224;
-            const int64_t v227 = d_N - v224;
-            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
-            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            const float v224 = l203;
+            l202 = v224;
+            const float v225 = l205;
+            l204 = v225;
+            const int64_t v226 = 1ll;
+            const int64_t v227 = 0ll;
+            const int64_t v228 = i201 + v226;
+            const int64_t v229 = d_N - v226;
+            const int64_t v230 = ((v228 < v229 || v228 != v228) ? v228 : v229);
+            const int64_t v231 = ((v230 > v227 || v230 != v230) ? v230 : v227);
             {
-                int64_t r231 = v1;
-                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
-                for (int64_t i230 = r231; i230 < e232; i230++) {
-                    const float v233 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v234 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v235 = v233 * v234;
-                    const float v236 = l200;
-                    const float v237 = v236 / v7;
-                    const float v238 = v237 + v8;
-                    const float v239 = 1.0f / sqrtf(v238);
-                    const float v240 = v235 * v239;
-                    l10[i230] += v240;
-                    const float v241 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
-                    const float v242 = v233 * v241;
-                    const float v243 = v242 * v239;
-                    const float v244 = l202;
-                    const float v245 = v244 / v7;
-                    const float v246 = v245 * v239;
-                    const float v247 = v246 * v239;
-                    const float v248 = v247 * v239;
-                    const float v249 = v234 * v248;
-                    const float v250 = v243 - v249;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v250);
+                int64_t r233 = v1;
+                int64_t e234 = r233 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i201] + r233] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e234 > d_D) e234 = d_D > r233 ? d_D : r233;
+                for (int64_t i232 = r233; i232 < e234; i232++) {
+                    const float v235 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
+                    const float v236 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
+                    const float v237 = v235 * v236;
+                    const float v238 = l202;
+                    const float v239 = v238 / v7;
+                    const float v240 = v239 + v8;
+                    const float v241 = 1.0f / sqrtf(v240);
+                    const float v242 = v237 * v241;
+                    l10[i232] += v242;
+                    const float v243 = opgen_f16_to_f32(p_w[i232 * st_w_0]);
+                    const float v244 = v235 * v243;
+                    const float v245 = v244 * v241;
+                    const float v246 = l204;
+                    const float v247 = v246 / v7;
+                    const float v248 = v247 * v241;
+                    const float v249 = v248 * v241;
+                    const float v250 = v249 * v241;
+                    const float v251 = v236 * v250;
+                    const float v252 = v245 - v251;
+                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v252);
                 }
-                r231 = e232;
-                for (; r231 + 32 <= d_D; r231 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
-                    _Alignas(64) float stg251[32];
+                r233 = e234;
+                for (; r233 + 32 <= d_D; r233 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i201] + r233, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v231] + r233, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v231] + r233, 0);
+                    _Alignas(64) float stg253[32];
+                    _Alignas(64) float ld254[32];
+                    opgen_f16_load_strip(ld254, &p_grad_y[ro_grad_y[i201] + r233], 32);
+                    _Alignas(64) float ld255[32];
+                    opgen_f16_load_strip(ld255, &p_x[ro_x[i201] + r233], 32);
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i230 = r231 + l; (void)i230;
-                        const float v252 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                        const float v253 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
-                        const float v254 = v252 * v253;
-                        const float v255 = l200;
-                        const float v256 = v255 / v7;
-                        const float v257 = v256 + v8;
-                        const float v258 = 1.0f / sqrtf(v257);
-                        const float v259 = v254 * v258;
-                        l10[i230] += v259;
-                        const float v260 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
-                        const float v261 = v252 * v260;
-                        const float v262 = v261 * v258;
-                        const float v263 = l202;
-                        const float v264 = v263 / v7;
-                        const float v265 = v264 * v258;
-                        const float v266 = v265 * v258;
-                        const float v267 = v266 * v258;
-                        const float v268 = v253 * v267;
-                        const float v269 = v262 - v268;
-                        stg251[l] = v269;
+                        const int64_t i232 = r233 + l; (void)i232;
+                        const float v256 = ld254[l];
+                        const float v257 = ld255[l];
+                        const float v258 = v256 * v257;
+                        const float v259 = l202;
+                        const float v260 = v259 / v7;
+                        const float v261 = v260 + v8;
+                        const float v262 = 1.0f / sqrtf(v261);
+                        const float v263 = v258 * v262;
+                        l10[i232] += v263;
+                        const float v264 = opgen_f16_to_f32(p_w[i232 * st_w_0]);
+                        const float v265 = v256 * v264;
+                        const float v266 = v265 * v262;
+                        const float v267 = l204;
+                        const float v268 = v267 / v7;
+                        const float v269 = v268 * v262;
+                        const float v270 = v269 * v262;
+                        const float v271 = v270 * v262;
+                        const float v272 = v257 * v271;
+                        const float v273 = v266 - v272;
+                        stg253[l] = v273;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i201] + r233], 1, stg253, 32, nt_p_grad_x);
                 }
-                for (int64_t i230 = r231; i230 < d_D; i230++) {
-                    const float v270 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v271 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v272 = v270 * v271;
-                    const float v273 = l200;
-                    const float v274 = v273 / v7;
-                    const float v275 = v274 + v8;
-                    const float v276 = 1.0f / sqrtf(v275);
-                    const float v277 = v272 * v276;
-                    l10[i230] += v277;
-                    const float v278 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
-                    const float v279 = v270 * v278;
-                    const float v280 = v279 * v276;
-                    const float v281 = l202;
-                    const float v282 = v281 / v7;
-                    const float v283 = v282 * v276;
-                    const float v284 = v283 * v276;
-                    const float v285 = v284 * v276;
-                    const float v286 = v271 * v285;
-                    const float v287 = v280 - v286;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v287);
+                for (int64_t i232 = r233; i232 < d_D; i232++) {
+                    const float v274 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
+                    const float v275 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
+                    const float v276 = v274 * v275;
+                    const float v277 = l202;
+                    const float v278 = v277 / v7;
+                    const float v279 = v278 + v8;
+                    const float v280 = 1.0f / sqrtf(v279);
+                    const float v281 = v276 * v280;
+                    l10[i232] += v281;
+                    const float v282 = opgen_f16_to_f32(p_w[i232 * st_w_0]);
+                    const float v283 = v274 * v282;
+                    const float v284 = v283 * v280;
+                    const float v285 = l204;
+                    const float v286 = v285 / v7;
+                    const float v287 = v286 * v280;
+                    const float v288 = v287 * v280;
+                    const float v289 = v288 * v280;
+                    const float v290 = v275 * v289;
+                    const float v291 = v284 - v290;
+                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v291);
                 }
             }
         }
-        for (int64_t i288 = v1; i288 < d_D; i288++) {
-            const float v289 = l10[i288];
-            t5[i9 * d_D + i288] = v289;
+        for (int64_t i292 = v1; i292 < d_D; i292++) {
+            const float v293 = l10[i292];
+            t5[i9 * d_D + i292] = v293;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v290 = 64ll;
-    const int64_t v291 = 0ll;
-    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v294 = 64ll;
+    const int64_t v295 = 0ll;
+    const int64_t v296 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i293 = v291; i293 < v292; i293++) {
-        const int64_t v294 = i293 * v290;
-        const int64_t v295 = d_D - v294;
-        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
-        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l297, sizeof(float) * (size_t)64ll);
-        const int64_t v298 = 2ll;
-        const int64_t v299 = 0ll;
-        const int64_t v300 = v4 - v1;
-        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
-        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
-        const int64_t v303 = v302 * v298;
-        const int64_t v304 = v1 + v303;
-        for (int64_t i305 = v299; i305 < v302; i305++) {
-            const int64_t v306 = i305 * v298;
-            const int64_t v307 = v1 + v306;
-            const int64_t v308 = 1ll;
-            const int64_t v309 = v307 + v308;
-            for (int64_t i310 = v291; i310 < v296; i310++) {
-                const int64_t v311 = v294 + i310;
-                const float v312 = t5[v307 * d_D + v311];
-                l297[i310] += v312;
-                const int64_t v313 = v294 + i310;
-                const float v314 = t5[v309 * d_D + v313];
-                l297[i310] += v314;
+    for (int64_t i297 = v295; i297 < v296; i297++) {
+        const int64_t v298 = i297 * v294;
+        const int64_t v299 = d_D - v298;
+        const int64_t v300 = ((v294 < v299 || v294 != v294) ? v294 : v299);
+        float *restrict l301 = l301_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l301, sizeof(float) * (size_t)64ll);
+        const int64_t v302 = 2ll;
+        const int64_t v303 = 0ll;
+        const int64_t v304 = v4 - v1;
+        const int64_t v305 = ((v304 > v303 || v304 != v304) ? v304 : v303);
+        const int64_t v306 = (v302 == 0 ? (int64_t)0 : v302 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v305) : (int64_t)(v305 / v302));
+        const int64_t v307 = v306 * v302;
+        const int64_t v308 = v1 + v307;
+        for (int64_t i309 = v303; i309 < v306; i309++) {
+            const int64_t v310 = i309 * v302;
+            const int64_t v311 = v1 + v310;
+            const int64_t v312 = 1ll;
+            const int64_t v313 = v311 + v312;
+            for (int64_t i314 = v295; i314 < v300; i314++) {
+                const int64_t v315 = v298 + i314;
+                const float v316 = t5[v311 * d_D + v315];
+                l301[i314] += v316;
+                const int64_t v317 = v298 + i314;
+                const float v318 = t5[v313 * d_D + v317];
+                l301[i314] += v318;
             }
         }
-        for (int64_t i315 = v304; i315 < v4; i315++) {
-            for (int64_t i316 = v291; i316 < v296; i316++) {
-                const int64_t v317 = v294 + i316;
-                const float v318 = t5[i315 * d_D + v317];
-                l297[i316] += v318;
+        for (int64_t i319 = v308; i319 < v4; i319++) {
+            for (int64_t i320 = v295; i320 < v300; i320++) {
+                const int64_t v321 = v298 + i320;
+                const float v322 = t5[i319 * d_D + v321];
+                l301[i320] += v322;
             }
         }
-        for (int64_t i319 = v291; i319 < v296; i319++) {
-            const int64_t v320 = v294 + i319;
-            const float v321 = l297[i319];
-            p_grad_w[v320 * st_grad_w_0] = opgen_f32_to_f16(v321);
+        for (int64_t i323 = v295; i323 < v300; i323++) {
+            const int64_t v324 = v298 + i323;
+            const float v325 = l301[i323];
+            p_grad_w[v324 * st_grad_w_0] = opgen_f32_to_f16(v325);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -586,7 +594,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l301_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -795,296 +803,304 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
                     OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
                     _Alignas(64) float stg125[32];
                     _Alignas(64) float stg126[32];
+                    _Alignas(64) float ld127[32];
+                    opgen_f16_load_strip(ld127, &p_grad_y[ro_grad_y[v23] + r87], 32);
+                    _Alignas(64) float ld128[32];
+                    opgen_f16_load_strip(ld128, &p_x[ro_x[v23] + r87], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i86 = r87 + l; (void)i86;
-                        const float v127 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                        const float v128 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                        const float v129 = v127 * v128;
-                        const float v130 = l24;
-                        const float v131 = v130 / v7;
-                        const float v132 = v131 + v8;
-                        const float v133 = 1.0f / sqrtf(v132);
-                        const float v134 = v129 * v133;
-                        l10[i86] += v134;
-                        const float v135 = opgen_f16_to_f32(p_w[i86]);
-                        const float v136 = v127 * v135;
-                        const float v137 = v136 * v133;
-                        const float v138 = l26;
-                        const float v139 = v138 / v7;
-                        const float v140 = v139 * v133;
-                        const float v141 = v140 * v133;
-                        const float v142 = v141 * v133;
-                        const float v143 = v128 * v142;
-                        const float v144 = v137 - v143;
-                        stg125[l] = v144;
-                        const float v145 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                        const float v146 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                        const float v147 = v145 * v146;
-                        const float v148 = l50;
-                        const float v149 = v148 / v7;
-                        const float v150 = v149 + v8;
-                        const float v151 = 1.0f / sqrtf(v150);
-                        const float v152 = v147 * v151;
-                        l10[i86] += v152;
-                        const float v153 = opgen_f16_to_f32(p_w[i86]);
-                        const float v154 = v145 * v153;
-                        const float v155 = v154 * v151;
-                        const float v156 = l52;
-                        const float v157 = v156 / v7;
-                        const float v158 = v157 * v151;
-                        const float v159 = v158 * v151;
-                        const float v160 = v159 * v151;
-                        const float v161 = v146 * v160;
-                        const float v162 = v155 - v161;
-                        stg126[l] = v162;
+                        const float v129 = ld127[l];
+                        const float v130 = ld128[l];
+                        const float v131 = v129 * v130;
+                        const float v132 = l24;
+                        const float v133 = v132 / v7;
+                        const float v134 = v133 + v8;
+                        const float v135 = 1.0f / sqrtf(v134);
+                        const float v136 = v131 * v135;
+                        l10[i86] += v136;
+                        const float v137 = opgen_f16_to_f32(p_w[i86]);
+                        const float v138 = v129 * v137;
+                        const float v139 = v138 * v135;
+                        const float v140 = l26;
+                        const float v141 = v140 / v7;
+                        const float v142 = v141 * v135;
+                        const float v143 = v142 * v135;
+                        const float v144 = v143 * v135;
+                        const float v145 = v130 * v144;
+                        const float v146 = v139 - v145;
+                        stg125[l] = v146;
+                        const float v147 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                        const float v148 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                        const float v149 = v147 * v148;
+                        const float v150 = l50;
+                        const float v151 = v150 / v7;
+                        const float v152 = v151 + v8;
+                        const float v153 = 1.0f / sqrtf(v152);
+                        const float v154 = v149 * v153;
+                        l10[i86] += v154;
+                        const float v155 = opgen_f16_to_f32(p_w[i86]);
+                        const float v156 = v147 * v155;
+                        const float v157 = v156 * v153;
+                        const float v158 = l52;
+                        const float v159 = v158 / v7;
+                        const float v160 = v159 * v153;
+                        const float v161 = v160 * v153;
+                        const float v162 = v161 * v153;
+                        const float v163 = v148 * v162;
+                        const float v164 = v157 - v163;
+                        stg126[l] = v164;
                     }
                     opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
                     opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
                 for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v163 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v164 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v165 = v163 * v164;
-                    const float v166 = l24;
-                    const float v167 = v166 / v7;
-                    const float v168 = v167 + v8;
-                    const float v169 = 1.0f / sqrtf(v168);
-                    const float v170 = v165 * v169;
-                    l10[i86] += v170;
-                    const float v171 = opgen_f16_to_f32(p_w[i86]);
-                    const float v172 = v163 * v171;
-                    const float v173 = v172 * v169;
-                    const float v174 = l26;
-                    const float v175 = v174 / v7;
-                    const float v176 = v175 * v169;
-                    const float v177 = v176 * v169;
-                    const float v178 = v177 * v169;
-                    const float v179 = v164 * v178;
-                    const float v180 = v173 - v179;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v180);
-                    const float v181 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v182 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v183 = v181 * v182;
-                    const float v184 = l50;
-                    const float v185 = v184 / v7;
-                    const float v186 = v185 + v8;
-                    const float v187 = 1.0f / sqrtf(v186);
-                    const float v188 = v183 * v187;
-                    l10[i86] += v188;
-                    const float v189 = opgen_f16_to_f32(p_w[i86]);
-                    const float v190 = v181 * v189;
-                    const float v191 = v190 * v187;
-                    const float v192 = l52;
-                    const float v193 = v192 / v7;
-                    const float v194 = v193 * v187;
-                    const float v195 = v194 * v187;
-                    const float v196 = v195 * v187;
-                    const float v197 = v182 * v196;
-                    const float v198 = v191 - v197;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v198);
+                    const float v165 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
+                    const float v166 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
+                    const float v167 = v165 * v166;
+                    const float v168 = l24;
+                    const float v169 = v168 / v7;
+                    const float v170 = v169 + v8;
+                    const float v171 = 1.0f / sqrtf(v170);
+                    const float v172 = v167 * v171;
+                    l10[i86] += v172;
+                    const float v173 = opgen_f16_to_f32(p_w[i86]);
+                    const float v174 = v165 * v173;
+                    const float v175 = v174 * v171;
+                    const float v176 = l26;
+                    const float v177 = v176 / v7;
+                    const float v178 = v177 * v171;
+                    const float v179 = v178 * v171;
+                    const float v180 = v179 * v171;
+                    const float v181 = v166 * v180;
+                    const float v182 = v175 - v181;
+                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v182);
+                    const float v183 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
+                    const float v184 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
+                    const float v185 = v183 * v184;
+                    const float v186 = l50;
+                    const float v187 = v186 / v7;
+                    const float v188 = v187 + v8;
+                    const float v189 = 1.0f / sqrtf(v188);
+                    const float v190 = v185 * v189;
+                    l10[i86] += v190;
+                    const float v191 = opgen_f16_to_f32(p_w[i86]);
+                    const float v192 = v183 * v191;
+                    const float v193 = v192 * v189;
+                    const float v194 = l52;
+                    const float v195 = v194 / v7;
+                    const float v196 = v195 * v189;
+                    const float v197 = v196 * v189;
+                    const float v198 = v197 * v189;
+                    const float v199 = v184 * v198;
+                    const float v200 = v193 - v199;
+                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v200);
                 }
             }
         }
-        for (int64_t i199 = v20; i199 < v13; i199++) {
-            float l200 = 0;
-            float l201 = 0;
+        for (int64_t i201 = v20; i201 < v13; i201++) {
             float l202 = 0;
             float l203 = 0;
+            float l204 = 0;
+            float l205 = 0;
             {
-                float lane205[32];
-                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
-                float lane206[32];
-                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
-                int64_t r207 = v1;
-                for (; r207 + 32 <= d_D; r207 += 32) {
+                float lane207[32];
+                for (int l = 0; l < 32; l++) lane207[l] = l ? 0 : l203;
+                float lane208[32];
+                for (int l = 0; l < 32; l++) lane208[l] = l ? 0 : l205;
+                int64_t r209 = v1;
+                for (; r209 + 32 <= d_D; r209 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i204 = r207 + l;
-                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v209 = v208 * v208;
-                        lane205[l] += v209;
-                        const float v210 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v211 = opgen_f16_to_f32(p_w[i204]);
-                        const float v212 = v210 * v211;
-                        const float v213 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const int64_t i206 = r209 + l;
+                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v211 = v210 * v210;
+                        lane207[l] += v211;
+                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
+                        const float v213 = opgen_f16_to_f32(p_w[i206]);
                         const float v214 = v212 * v213;
-                        lane206[l] += v214;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v216 = v214 * v215;
+                        lane208[l] += v216;
                     }
                 }
-                for (int l = 0; r207 + l < d_D; l++) {
+                for (int l = 0; r209 + l < d_D; l++) {
                     {
-                        const int64_t i204 = r207 + l;
-                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v216 = v215 * v215;
-                        lane205[l] += v216;
-                        const float v217 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v218 = opgen_f16_to_f32(p_w[i204]);
-                        const float v219 = v217 * v218;
-                        const float v220 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const int64_t i206 = r209 + l;
+                        const float v217 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v218 = v217 * v217;
+                        lane207[l] += v218;
+                        const float v219 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
+                        const float v220 = opgen_f16_to_f32(p_w[i206]);
                         const float v221 = v219 * v220;
-                        lane206[l] += v221;
+                        const float v222 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
+                        const float v223 = v221 * v222;
+                        lane208[l] += v223;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
-                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
-                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
-                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
-                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
-                l201 = lane205[0];
-                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
-                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
-                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
-                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
-                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
-                l203 = lane206[0];
+                for (int l = 0; l < 16; l++) lane207[l] += lane207[l + 16];
+                for (int l = 0; l < 8; l++) lane207[l] += lane207[l + 8];
+                for (int l = 0; l < 4; l++) lane207[l] += lane207[l + 4];
+                for (int l = 0; l < 2; l++) lane207[l] += lane207[l + 2];
+                for (int l = 0; l < 1; l++) lane207[l] += lane207[l + 1];
+                l203 = lane207[0];
+                for (int l = 0; l < 16; l++) lane208[l] += lane208[l + 16];
+                for (int l = 0; l < 8; l++) lane208[l] += lane208[l + 8];
+                for (int l = 0; l < 4; l++) lane208[l] += lane208[l + 4];
+                for (int l = 0; l < 2; l++) lane208[l] += lane208[l + 2];
+                for (int l = 0; l < 1; l++) lane208[l] += lane208[l + 1];
+                l205 = lane208[0];
             }
-            const float v222 = l201;
-            l200 = v222;
-            const float v223 = l203;
-            l202 = v223;
-            const int64_t v224 = 1ll;
-            const int64_t v225 = 0ll;
-            const int64_t v226 = i199 + v224;
-            const int64_t v227 = d_N - v224;
-            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
-            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            const float v224 = l203;
+            l202 = v224;
+            const float v225 = l205;
+            l204 = v225;
+            const int64_t v226 = 1ll;
+            const int64_t v227 = 0ll;
+            const int64_t v228 = i201 + v226;
+            const int64_t v229 = d_N - v226;
+            const int64_t v230 = ((v228 < v229 || v228 != v228) ? v228 : v229);
+            const int64_t v231 = ((v230 > v227 || v230 != v230) ? v230 : v227);
             {
-                int64_t r231 = v1;
-                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                int64_t r233 = v1;
+                int64_t e234 = r233 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i201] + r233] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e234 > d_D) e234 = d_D > r233 ? d_D : r233;
                 #pragma omp simd
-                for (int64_t i230 = r231; i230 < e232; i230++) {
-                    const float v233 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v234 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v235 = v233 * v234;
-                    const float v236 = l200;
-                    const float v237 = v236 / v7;
-                    const float v238 = v237 + v8;
-                    const float v239 = 1.0f / sqrtf(v238);
-                    const float v240 = v235 * v239;
-                    l10[i230] += v240;
-                    const float v241 = opgen_f16_to_f32(p_w[i230]);
-                    const float v242 = v233 * v241;
-                    const float v243 = v242 * v239;
-                    const float v244 = l202;
-                    const float v245 = v244 / v7;
-                    const float v246 = v245 * v239;
-                    const float v247 = v246 * v239;
-                    const float v248 = v247 * v239;
-                    const float v249 = v234 * v248;
-                    const float v250 = v243 - v249;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v250);
+                for (int64_t i232 = r233; i232 < e234; i232++) {
+                    const float v235 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
+                    const float v236 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
+                    const float v237 = v235 * v236;
+                    const float v238 = l202;
+                    const float v239 = v238 / v7;
+                    const float v240 = v239 + v8;
+                    const float v241 = 1.0f / sqrtf(v240);
+                    const float v242 = v237 * v241;
+                    l10[i232] += v242;
+                    const float v243 = opgen_f16_to_f32(p_w[i232]);
+                    const float v244 = v235 * v243;
+                    const float v245 = v244 * v241;
+                    const float v246 = l204;
+                    const float v247 = v246 / v7;
+                    const float v248 = v247 * v241;
+                    const float v249 = v248 * v241;
+                    const float v250 = v249 * v241;
+                    const float v251 = v236 * v250;
+                    const float v252 = v245 - v251;
+                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v252);
                 }
-                r231 = e232;
-                for (; r231 + 32 <= d_D; r231 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
-                    _Alignas(64) float stg251[32];
+                r233 = e234;
+                for (; r233 + 32 <= d_D; r233 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i201] + r233, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v231] + r233, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v231] + r233, 0);
+                    _Alignas(64) float stg253[32];
+                    _Alignas(64) float ld254[32];
+                    opgen_f16_load_strip(ld254, &p_grad_y[ro_grad_y[i201] + r233], 32);
+                    _Alignas(64) float ld255[32];
+                    opgen_f16_load_strip(ld255, &p_x[ro_x[i201] + r233], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i230 = r231 + l; (void)i230;
-                        const float v252 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                        const float v253 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
-                        const float v254 = v252 * v253;
-                        const float v255 = l200;
-                        const float v256 = v255 / v7;
-                        const float v257 = v256 + v8;
-                        const float v258 = 1.0f / sqrtf(v257);
-                        const float v259 = v254 * v258;
-                        l10[i230] += v259;
-                        const float v260 = opgen_f16_to_f32(p_w[i230]);
-                        const float v261 = v252 * v260;
-                        const float v262 = v261 * v258;
-                        const float v263 = l202;
-                        const float v264 = v263 / v7;
-                        const float v265 = v264 * v258;
-                        const float v266 = v265 * v258;
-                        const float v267 = v266 * v258;
-                        const float v268 = v253 * v267;
-                        const float v269 = v262 - v268;
-                        stg251[l] = v269;
+                        const int64_t i232 = r233 + l; (void)i232;
+                        const float v256 = ld254[l];
+                        const float v257 = ld255[l];
+                        const float v258 = v256 * v257;
+                        const float v259 = l202;
+                        const float v260 = v259 / v7;
+                        const float v261 = v260 + v8;
+                        const float v262 = 1.0f / sqrtf(v261);
+                        const float v263 = v258 * v262;
+                        l10[i232] += v263;
+                        const float v264 = opgen_f16_to_f32(p_w[i232]);
+                        const float v265 = v256 * v264;
+                        const float v266 = v265 * v262;
+                        const float v267 = l204;
+                        const float v268 = v267 / v7;
+                        const float v269 = v268 * v262;
+                        const float v270 = v269 * v262;
+                        const float v271 = v270 * v262;
+                        const float v272 = v257 * v271;
+                        const float v273 = v266 - v272;
+                        stg253[l] = v273;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i201] + r233], 1, stg253, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i230 = r231; i230 < d_D; i230++) {
-                    const float v270 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v271 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v272 = v270 * v271;
-                    const float v273 = l200;
-                    const float v274 = v273 / v7;
-                    const float v275 = v274 + v8;
-                    const float v276 = 1.0f / sqrtf(v275);
-                    const float v277 = v272 * v276;
-                    l10[i230] += v277;
-                    const float v278 = opgen_f16_to_f32(p_w[i230]);
-                    const float v279 = v270 * v278;
-                    const float v280 = v279 * v276;
-                    const float v281 = l202;
-                    const float v282 = v281 / v7;
-                    const float v283 = v282 * v276;
-                    const float v284 = v283 * v276;
-                    const float v285 = v284 * v276;
-                    const float v286 = v271 * v285;
-                    const float v287 = v280 - v286;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v287);
+                for (int64_t i232 = r233; i232 < d_D; i232++) {
+                    const float v274 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
+                    const float v275 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
+                    const float v276 = v274 * v275;
+                    const float v277 = l202;
+                    const float v278 = v277 / v7;
+                    const float v279 = v278 + v8;
+                    const float v280 = 1.0f / sqrtf(v279);
+                    const float v281 = v276 * v280;
+                    l10[i232] += v281;
+                    const float v282 = opgen_f16_to_f32(p_w[i232]);
+                    const float v283 = v274 * v282;
+                    const float v284 = v283 * v280;
+                    const float v285 = l204;
+                    const float v286 = v285 / v7;
+                    const float v287 = v286 * v280;
+                    const float v288 = v287 * v280;
+                    const float v289 = v288 * v280;
+                    const float v290 = v275 * v289;
+                    const float v291 = v284 - v290;
+                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v291);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i288 = v1; i288 < d_D; i288++) {
-            const float v289 = l10[i288];
-            t5[i9 * d_D + i288] = v289;
+        for (int64_t i292 = v1; i292 < d_D; i292++) {
+            const float v293 = l10[i292];
+            t5[i9 * d_D + i292] = v293;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v290 = 64ll;
-    const int64_t v291 = 0ll;
-    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v294 = 64ll;
+    const int64_t v295 = 0ll;
+    const int64_t v296 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i293 = v291; i293 < v292; i293++) {
-        const int64_t v294 = i293 * v290;
-        const int64_t v295 = d_D - v294;
-        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
-        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l297, sizeof(float) * (size_t)64ll);
-        const int64_t v298 = 2ll;
-        const int64_t v299 = 0ll;
-        const int64_t v300 = v4 - v1;
-        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
-        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
-        const int64_t v303 = v302 * v298;
-        const int64_t v304 = v1 + v303;
-        for (int64_t i305 = v299; i305 < v302; i305++) {
-            const int64_t v306 = i305 * v298;
-            const int64_t v307 = v1 + v306;
-            const int64_t v308 = 1ll;
-            const int64_t v309 = v307 + v308;
+    for (int64_t i297 = v295; i297 < v296; i297++) {
+        const int64_t v298 = i297 * v294;
+        const int64_t v299 = d_D - v298;
+        const int64_t v300 = ((v294 < v299 || v294 != v294) ? v294 : v299);
+        float *restrict l301 = l301_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l301, sizeof(float) * (size_t)64ll);
+        const int64_t v302 = 2ll;
+        const int64_t v303 = 0ll;
+        const int64_t v304 = v4 - v1;
+        const int64_t v305 = ((v304 > v303 || v304 != v304) ? v304 : v303);
+        const int64_t v306 = (v302 == 0 ? (int64_t)0 : v302 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v305) : (int64_t)(v305 / v302));
+        const int64_t v307 = v306 * v302;
+        const int64_t v308 = v1 + v307;
+        for (int64_t i309 = v303; i309 < v306; i309++) {
+            const int64_t v310 = i309 * v302;
+            const int64_t v311 = v1 + v310;
+            const int64_t v312 = 1ll;
+            const int64_t v313 = v311 + v312;
             #pragma omp simd
-            for (int64_t i310 = v291; i310 < v296; i310++) {
-                const int64_t v311 = v294 + i310;
-                const float v312 = t5[v307 * d_D + v311];
-                l297[i310] += v312;
-                const int64_t v313 = v294 + i310;
-                const float v314 = t5[v309 * d_D + v313];
-                l297[i310] += v314;
+            for (int64_t i314 = v295; i314 < v300; i314++) {
+                const int64_t v315 = v298 + i314;
+                const float v316 = t5[v311 * d_D + v315];
+                l301[i314] += v316;
+                const int64_t v317 = v298 + i314;
+                const float v318 = t5[v313 * d_D + v317];
+                l301[i314] += v318;
             }
         }
-        for (int64_t i315 = v304; i315 < v4; i315++) {
+        for (int64_t i319 = v308; i319 < v4; i319++) {
             #pragma omp simd
-            for (int64_t i316 = v291; i316 < v296; i316++) {
-                const int64_t v317 = v294 + i316;
-                const float v318 = t5[i315 * d_D + v317];
-                l297[i316] += v318;
+            for (int64_t i320 = v295; i320 < v300; i320++) {
+                const int64_t v321 = v298 + i320;
+                const float v322 = t5[i319 * d_D + v321];
+                l301[i320] += v322;
             }
         }
-        for (int64_t i319 = v291; i319 < v296; i319++) {
-            const int64_t v320 = v294 + i319;
-            const float v321 = l297[i319];
-            p_grad_w[v320] = opgen_f32_to_f16(v321);
+        for (int64_t i323 = v295; i323 < v300; i323++) {
+            const int64_t v324 = v298 + i323;
+            const float v325 = l301[i323];
+            p_grad_w[v324] = opgen_f32_to_f16(v325);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -134,6 +134,10 @@ class CPrinter:
     #: block conversion; f32 ones store value by value) and ``nontemporal`` ones (which may stream)
     STRIP_STORE: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_store_strip", "f32": "opgen_f32_store_strip",
                                              "f16": "opgen_f16_store_strip"}
+    #: a staged load's strip load by the buffer's dtype: ``staged`` loads of a dtype whose
+    #: block conversion beats converting value by value (f16; bf16's widening is two vector
+    #: instructions already)
+    STRIP_LOAD: ClassVar[dict[str, str]] = {"f16": "opgen_f16_load_strip"}
     #: ... and of one whose value is the same all along the loop (a row of zeros): a fill
     FILL_STRIP: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_fill_strip", "f32": "opgen_f32_fill_strip",
                                             "f16": "opgen_f16_fill_strip"}
@@ -160,6 +164,7 @@ class CPrinter:
         self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
         #: staged stores of the strip being printed, by staging array (None: a fill, nothing staged)
         self.staged: dict[Operation, str | None] = {}
+        self.staged_loads: dict[Operation, str] = {}  # staged loads inside their strip -> its f32 array
         self.strip_lane = "l"  # where in its staging array the strip being printed stores (stream_loop)
         #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
         self.nt: dict[SSAValue, str] = {}
@@ -351,6 +356,8 @@ class CPrinter:
             return self.size(op.results[0])
         rt = ir.tensor_type(op.results[0]).dtype
         if isinstance(op, s.LoadOp):
+            if op in self.staged_loads:  # (inside its stream loop's strip)
+                return f"{self.staged_loads[op]}[{self.strip_lane}]"
             return self.load_expr(op.buf, list(op.idx))
         if isinstance(op, s.LoadBitOp):
             b = s.buf_type(op.buf)
@@ -595,6 +602,14 @@ class CPrinter:
             return False
         return cpu_mapping(op) == CpuMapping.NONTEMPORAL or (cpu_mapping(op) == CpuMapping.STAGED and name == "bf16")
 
+    def staged_load(self, op: s.LoadOp) -> bool:
+        """Whether a load of a stream loop is printed through a staging strip: map-cpu's
+        ``staged`` loads of a dtype with a strip load (``STRIP_LOAD``) from a row of unit stride
+        in this instance."""
+        b = s.buf_type(op.buf)
+        return cpu_mapping(op) == CpuMapping.STAGED and self.dtype(b.dtype).name in self.STRIP_LOAD \
+            and self.unit_axis(self.arg_of[op.buf], b.rank - 1, b.rank)
+
     def loop_footer_hook(self, op: s.ForOp) -> None:
         """Emitted after a loop's closing brace."""
 
@@ -626,6 +641,16 @@ class CPrinter:
                 continue
             self.staged[st] = self.fresh("stg")
             self.line(f"_Alignas(64) {self.ctype(ir.tensor_type(st.value).dtype)} {self.staged[st]}[{n * k}];")
+        for ld in (o for o in rest if isinstance(o, s.LoadOp) and self.staged_load(o)):
+            name = self.fresh("ld")
+            self.line(f"_Alignas(64) float {name}[{n * k}];")
+            for c, start in enumerate(starts):
+                self.names[op.iv] = start
+                dst = f"{name} + {c * n}" if c else name
+                self.line(f"{self.STRIP_LOAD[self.dtype(s.buf_type(ld.buf).dtype).name]}({dst}, "
+                          f"&{self.elem_ref(ld.buf, list(ld.idx))}, {n});")
+            self.names[op.iv] = iv
+            self.staged_loads[ld] = name
         self.simd_hook()
         self.line(f"for (int l = 0; l < {n}; l++) {{")
         self.depth += 1
@@ -633,6 +658,7 @@ class CPrinter:
         for i, start in zip(ivs, starts, strict=True):
             self.line(f"const int64_t {i} = {start} + l; (void){i};")
         self.interleave(op, rest, ivs, n)
+        self.staged_loads.clear()
         self.depth -= 1
         self.line("}")
         for st in staged:
