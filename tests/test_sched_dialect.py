@@ -471,8 +471,8 @@ def test_the_cuda_printer_prints_the_barriers_and_chunks_it_is_given(ops):
 @pytest.mark.parametrize("name", SEED_OPS)
 def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
     """map-cpu: OpenMP on the outermost parallel loop of each nest only (never nested), lanes on
-    reduce loops over scalar accumulators, staged and nontemporal stores in stream loops only
-    (a loop is a stream when it prefetches or streams its stores); the printer puts
+    reduce loops over scalar accumulators, staged and nontemporal stores and staged loads in
+    stream loops only (a loop is a stream when it prefetches or streams its stores); the printer puts
     its pragmas exactly there."""
     from opgen.emit import cpu
     from opgen.lower import cpu_map
@@ -501,6 +501,10 @@ def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
             assert where in (s.CpuMapping.STAGED, s.CpuMapping.NONTEMPORAL), op
             assert cpu_map.cpu_mapping(loop) == s.CpuMapping.STREAM, op
             assert op in cpu_map.staged_stores(loop)
+        elif isinstance(op, s.LoadOp) and where is not None:  # (staged loads: tests/test_interleave.py)
+            loop = op.parent_op()
+            assert where == s.CpuMapping.STAGED and cpu_map.cpu_mapping(loop) == s.CpuMapping.STREAM, op
+            assert op in cpu_map.staged_loads(loop)
         elif not isinstance(op, s.BufferMatmulOp):
             assert where is None, op
         marked += where is not None
