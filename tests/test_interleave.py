@@ -80,9 +80,7 @@ def test_the_strips_run_interleaved_copies(built):
     four lines prefetched in both rows it reads, the copies' loads and tanh calls side by side,
     and four strip stores (a line each, so each may stream). SiLU backward's bf16 instance: a
     step of 64 too, two strips of 32 the same way (GELU-tanh's bf16 tanh is a table lookup)."""
-    from opgen.emit import cpu
-
-    text = cpu.op_source(built["ops"]["gelu_tanh_backward"])
+    text = (built["out"] / "cpu" / "gelu_tanh_backward.c").read_text()  # (as built: `single` patches COPIES)
     f32 = text[text.index("k_gelu_tanh_backward_f32_u("):]
     f32 = f32[:f32.index("return OPGEN_SUCCESS")]
     head = f32.index("+ 64 <= d_D; ")
@@ -98,7 +96,7 @@ def test_the_strips_run_interleaved_copies(built):
     assert len(loads) == 4 and loads == list(range(loads[0], loads[0] + 4))  # (in turn, not one copy after another)
     tanhs = [i for i, ln in enumerate(lines) if "opgen_tanhf(" in ln]
     assert tanhs == list(range(tanhs[0], tanhs[0] + 4))
-    text = cpu.op_source(built["ops"]["silu_backward"])
+    text = (built["out"] / "cpu" / "silu_backward.c").read_text()
     bf16 = text[text.index("k_silu_backward_bf16_u("):]
     bf16 = bf16[:bf16.index("return OPGEN_SUCCESS")]
     head = bf16.index("+ 64 <= d_D; ")
