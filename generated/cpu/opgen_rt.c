@@ -992,9 +992,9 @@ void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
 }
 
-/* opgen_sgemm's loop (its k order, so its bits) on bf16 operands into bf16 C, each element rounded
- * once from its f32 sum (when there is no memory for an f32 copy of C) */
-/* 16-bit C's plain loop (bf: its storage, that of A and B too) */
+/* opgen_sgemm's loop (its k order, so its bits) on 16-bit operands into 16-bit C (bf: their
+ * storage, bf16 or ST_F16), each element rounded once from its f32 sum (when there is no memory
+ * for an f32 copy of C) */
 static void gemm16_loop(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                         const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate, int bf) {
     for (int64_t i = 0; i < m; i++)
@@ -1082,42 +1082,42 @@ static void gemm16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64
 }
 
 void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+                         const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
     gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, 1);
 }
 
 void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+                     const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, 1);
 }
 
 void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+                             const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
     gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), 1);
 }
 
 void opgen_gemm_bf16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+                         const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), 1);
 }
 
 void opgen_gemm_f16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+                        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
     gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, ST_F16);
 }
 
 void opgen_gemm_f16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+                    const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1, ST_F16);
 }
 
 void opgen_gemm_f16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+                            const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
     gemm16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), ST_F16);
 }
 
 void opgen_gemm_f16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+                        const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     gemm16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team(), ST_F16);
 }
 

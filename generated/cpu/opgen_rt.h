@@ -481,7 +481,7 @@ static inline void opgen_stream_fence(void) {
  * lacks AVX512-FP16, and no loop holding one vectorised (SiLU backward f16 on the Zen 5: 7.8 ns
  * an element in cache, 30 times bf16's time). The bits are the IEEE conversion's, a NaN quieted,
  * round to nearest even (the F16C instructions' for every one of the 2^16 and 2^32 inputs:
- * tests/test_f16_convert.py). opgen_f32_to_f16 rounds an f16 subnormal by an f32 addition of 0.5
+ * tests/test_vector_math.py). opgen_f32_to_f16 rounds an f16 subnormal by an f32 addition of 0.5
  * (ulp 2^-24), in the default rounding mode; a subnormal f32 (DAZ or not) rounds to zero either way. */
 static inline float opgen_f16_to_f32(uint16_t h) {
     const uint32_t e = h & 0x7c00u, m = h & 0x03ffu;

@@ -636,7 +636,7 @@ class CPrinter:
         for start in starts:
             self.strip_hints(op, hints, start, iv)
         for st in staged:
-            if self.invariant(op, st.value):  # (a fill: the value converted once)
+            if s.defined_outside(op, st.value):  # (a fill: map-cpu hoisted the value: converted once)
                 self.staged[st] = None
                 continue
             self.staged[st] = self.fresh("stg")
@@ -697,15 +697,6 @@ class CPrinter:
                 own[c].update((v, self.names[v]) for v in defines if v in self.names)
         self.strip_lane = "l"
         self.names[op.iv] = ivs[0]
-
-    @staticmethod
-    def invariant(op: s.ForOp, v: SSAValue) -> bool:
-        """``v`` is defined outside loop ``op`` (map-cpu hoists a streaming store's loop-invariant
-        value there: the same value in every iteration)."""
-        owner = v.owner
-        if not isinstance(owner, Operation):  # a block argument: a loop counter
-            return owner.parent_op() is None or not op.is_ancestor(owner.parent_op())
-        return not op.is_ancestor(owner)
 
     def peel_to_line(self, op: s.ForOp, iv: str, base: str, hi: str, streamed: list[s.StoreOp],
                      rest: list[Operation]) -> None:
@@ -894,12 +885,19 @@ class CPrinter:
         else:
             pn = self.arg_of[x]
             if self.buf_info[pn].batch:
-                ok, base, rs = (self.mention(f"{w}_{cnames.local(pn)}") for w in ("af", "rb", "rs"))
+                ok, base, rs = map(self.mention, self.row_table_names(pn))
                 ptr = f"{ptr} + {base}"
             else:
                 rs = self.mention(self.stride_name(pn, 0))
             cs = "1" if self.unit_axis(pn, 1, 2) else self.mention(self.stride_name(pn, 1))
         return GemmOperand(ptr, cs, rs, held, ok) if trans else GemmOperand(ptr, rs, cs, held, ok)
+
+    @staticmethod
+    def row_table_names(param: str) -> tuple[str, str, str]:
+        """The locals :meth:`batch_rows` declares for batched parameter ``param``: whether its
+        rows are evenly spaced, the first row's offset, the stride."""
+        cn = cnames.local(param)
+        return f"af_{cn}", f"rb_{cn}", f"rs_{cn}"
 
     def batch_rows(self) -> list[str]:
         """For each batched parameter a matmul or pack reads as a matrix, its row table tested
@@ -916,10 +914,10 @@ class CPrinter:
                 if pn is None or pn in done or t.rank != 2 or not self.buf_info[pn].batch:
                     continue
                 done.add(pn)
-                cn = cnames.local(pn)
-                out.append(f"int64_t rb_{cn} = 0, rs_{cn} = 0; const int af_{cn} = opgen_rows_even("
-                           f"{self.rows_name(pn)}, {self.dim(t.shape[0])}, &rb_{cn}, &rs_{cn}); "
-                           f"(void)af_{cn}; (void)rb_{cn}; (void)rs_{cn};")
+                ok, base, stride = self.row_table_names(pn)
+                out.append(f"int64_t {base} = 0, {stride} = 0; const int {ok} = opgen_rows_even("
+                           f"{self.rows_name(pn)}, {self.dim(t.shape[0])}, &{base}, &{stride}); "
+                           f"(void){ok}; (void){base}; (void){stride};")
         return out
 
     def load_expr_named(self, buf: SSAValue, idx: tuple[str, ...]) -> str:

@@ -307,9 +307,6 @@ def staged_loads(op: s.ForOp) -> list[s.LoadOp]:
     element, which a store of its own iteration writes after it). An instance whose bound dtype
     has a block conversion in the printer's table (f16: ``vcvtph2ps``) widens a strip at a time
     before the strip's arithmetic; others load each value as it comes."""
-    def outside(v: SSAValue) -> bool:
-        return not (isinstance(v.owner, Operation) and op.is_ancestor(v.owner))
-
     def caller(o: Operation) -> bool:
         return isinstance(o, s.StoreOp | s.AccumOp) and s.buf_type(o.buf).role.data in ("in", "out")
 
@@ -319,7 +316,7 @@ def staged_loads(op: s.ForOp) -> list[s.LoadOp]:
     first = next((i for i, o in enumerate(body) if caller(o)), len(body))
     return [ld for ld in body[:first] if isinstance(ld, s.LoadOp)
             and s.buf_type(ld.buf).role.data in ("in", "out") and _along_row(op, list(ld.idx))
-            and all(outside(i) for i in ld.idx[:-1])]
+            and all(s.defined_outside(op, i) for i in ld.idx[:-1])]
 
 
 def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> list[s.LoadOp]:
