@@ -34,12 +34,13 @@ def library() -> Any:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
     from tests.test_gemm_operands import OPS as GEMM_OPS
-    from tests.test_new_op_backends import GELU, GELU_TANH, LINEAR, LN_CAST, NARROW
+    from tests.test_new_op_backends import BATCH_NORM, DROPOUT, GELU, GELU_TANH, LINEAR, LN_CAST, NARROW
     from tests.test_shapes_dsl import ROPE
 
     OPS.mkdir(parents=True, exist_ok=True)
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
-                       ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW), ("gemm_ops.py", GEMM_OPS)):
+                       ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW), ("gemm_ops.py", GEMM_OPS),
+                       ("batch_norm.py", BATCH_NORM), ("dropout.py", DROPOUT)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -156,6 +157,31 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
         lambda: torch.autograd.grad(y, (xr, wr, br), gy, retain_graph=True)])
     out.append(_row(lib, alternate, f"new: layer_norm_backward (saved f32 stats) {N}x{D} {name}", "ln_cast_backward",
                     ln, ("grad_x", "grad_w", "grad_b"), N, theirs, 3 * N * D * es))
+    # BatchNorm backward (training) from saved per-channel statistics: the column means need every
+    # row before any output, so the rows are read twice (5 tensors' bytes at least)
+    cm, cv = x.float().mean(0), x.float().var(0, unbiased=False)
+    invstd = 1 / torch.sqrt(cv + 1e-5)
+
+    def bn(n: int) -> dict:
+        return {"grad_y": np_of(gy[:n]), "x": np_of(x[:n]), "mean_": cm.numpy(), "invstd": invstd.numpy(),
+                "grad_x": aligned_zeros((n, D), npdt)}
+
+    xr = x.clone().requires_grad_()
+    y = torch.nn.functional.batch_norm(xr, None, None, training=True)
+    theirs = _fastest([lambda: torch.ops.aten.native_batch_norm_backward(
+        gy, x, None, None, None, cm, invstd, True, 1e-5, [True, False, False]),
+        lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
+    out.append(_row(lib, alternate, f"new: batch_norm_backward (saved stats) {N}x{D} {name}", "batch_norm_backward",
+                    bn, ("grad_x",), N, theirs, 5 * N * D * es))
+    # dropout backward: a bool mask
+    mask = torch.rand(N, D, generator=g) > 0.1
+    theirs = _fastest([lambda: torch.ops.aten.native_dropout_backward(gy, mask, 1 / 0.9),
+                       lambda: gy * mask * (1 / 0.9)])
+    def dropout(n: int) -> dict:
+        return {"grad_y": np_of(gy[:n]), "mask": mask[:n].numpy(), "grad_x": aligned_zeros((n, D), npdt)}
+
+    out.append(_row(lib, alternate, f"new: dropout_backward (bool mask) {N}x{D} {name}", "dropout_backward",
+                    dropout, ("grad_x",), N, theirs, N * D * (2 * es + 1)))
     return out
 
 

@@ -278,9 +278,50 @@ def exp_chain(x: Tensor[T, N, K], w: Tensor[T, M, K], v: Tensor[T, M, K], *, y: 
     return {"y": exp(x @ w.T) @ v}
 '''
 
+BATCH_NORM = '''
+"""BatchNorm backward (training) from saved per-channel statistics: two column means over the
+rows, read back by every row (column sums that are not outputs)."""
+from opgen.dsl import *
+
+B, N, C = dims("B N C")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def batch_norm_backward(grad_y: Tensor[T, N, C], x: Tensor[T, N, C], mean_: Tensor[f32, C],
+                        invstd: Tensor[f32, C], *, grad_x: Output[T, N, C]):
+    """grad_x = invstd (g - mean(g) - xhat mean(g xhat)), the means over the rows."""
+    g = cast(grad_y, f32)
+    xhat = (cast(x, f32) - mean_[None, :]) * invstd[None, :]
+    return {"grad_x": invstd[None, :] * (g - mean(g, axis=0, keepdims=True)
+                                         - xhat * mean(g * xhat, axis=0, keepdims=True))}
+
+
+@op
+def centre_tokens(x: Tensor[T, B, N, C], *, y: Output[T, B, N, C]):
+    """y = x - its mean over the batch and the tokens (a column sum over two leading axes)."""
+    xf = cast(x, f32)
+    return {"y": xf - mean(xf, axis=(0, 1), keepdims=True)}
+'''
+
+DROPOUT = '''
+"""Dropout backward: a bool mask selects the gradient (a mask tensor read in every strip)."""
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def dropout_backward(grad_y: Tensor[T, N, D], mask: Tensor[boolean, N, D], *, grad_x: Output[T, N, D]):
+    """grad_x = grad_y / (1 - p) where the mask keeps the element, else 0 (p = 0.1)."""
+    return {"grad_x": where(mask, grad_y * (1.0 / 0.9), 0.0)}
+'''
+
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
            "gelu_ops.py": GELU, "gelu_tanh_ops.py": GELU_TANH, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST,
-           "matmul_twice_ops.py": MATMUL_TWICE, "narrow_ops.py": NARROW}
+           "matmul_twice_ops.py": MATMUL_TWICE, "narrow_ops.py": NARROW, "batch_norm_ops.py": BATCH_NORM,
+           "dropout_ops.py": DROPOUT}
 
 
 @pytest.fixture(scope="module")
@@ -708,22 +749,22 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
     loops = [o for o in m.walk() if isinstance(o, s.ForOp)]
     streams = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
     rows = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.LANES]
-    # (jam-rows: a loop over pairs of rows, both rows' sums then one second pass; the original
-    # loop for the row left over: tests/test_jam_rows.py)
+    # (jam-rows: a loop over pairs of rows, both rows' sums (one loop: fuse-reductions-2) then
+    # one second pass; the original loop for the row left over: tests/test_jam_rows.py)
     assert len(streams) == 2 and rows
-    for loop in streams:
+    for loop, jammed in zip(streams, (2, 1), strict=True):
         outer = loop.parent_op()
         sums = [o for o in rows if o.parent_op() is outer]
-        assert sums and all(loop in _after(o) for o in sums)
+        assert len(sums) == 1 and loop in _after(sums[0])
         before = list(outer.body.block.ops)[:list(outer.body.block.ops).index(loop)]
         writes = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is not None]
         stores = [x for x in loop.body.block.ops if isinstance(x, s.StoreOp)]
-        assert len(writes) == len(stores) == len(sums)
+        assert len(writes) == len(stores) == jammed
         for st in stores:  # (its output, owned ahead in the row it writes)
             (write,) = [w for w in writes if list(w.idx) == list(st.idx)]
             assert names[write.buf] == "grad_x" and write.ahead.data == cpu_map.PREFETCH_AHEAD
         hints = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is None]
-        assert sorted(names[x.buf] for x in hints) == sorted(["grad_y", "x"] * len(sums))
+        assert sorted(names[x.buf] for x in hints) == sorted(["grad_y", "x"] * jammed)
         for h in hints:
             assert h.ahead.data == 0 and h.idx[-1] is loop.iv and h.span is None
             # the row the next iteration reads (its expression at r + 1), clamped to the tensor's
@@ -1102,6 +1143,136 @@ def test_converted_copy_is_in_the_workspace_size(built, rng):
     assert sizes["i32"] >= sizes["i64"] + 1000 * 8
 
 
+# ---------------------------------------------------------------------- column sums read back
+
+
+def batch_norm_args(rng: np.random.Generator, T: str, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """batch_norm_backward's inputs, with the statistics PyTorch saves (f32 mean and 1/std per channel)."""
+    x = rounded(rng.standard_normal(shape) * 2 + 0.5, T)
+    mu = f64(x).mean(axis=0) if shape[0] else np.zeros(shape[1])
+    var = ((f64(x) - mu) ** 2).mean(axis=0) if shape[0] else np.zeros(shape[1])
+    return {"grad_y": rounded(rng.standard_normal(shape), T), "x": x, "mean_": mu.astype(np.float32),
+            "invstd": (1 / np.sqrt(var + 1e-5)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(70, 45), (1, 5), (33, 1), (64, 3)])
+def test_batch_norm_backward_column_means(built, rng, T, shape):
+    """Column means read back by every row (not outputs): against the oracle and PyTorch's
+    ``native_batch_norm_backward`` (float64 and same dtype), rows not a multiple of a chunk's 32."""
+    a = batch_norm_args(rng, T, shape)
+    got, ref = run_both(built, "batch_norm_backward", **a)
+    m, inv = torch.from_numpy(a["mean_"]), torch.from_numpy(a["invstd"])
+
+    def theirs(dt: torch.dtype) -> np.ndarray:
+        gy, x = tt(a["grad_y"], T).to(dt), tt(a["x"], T).to(dt)
+        r = torch.ops.aten.native_batch_norm_backward(gy, x, None, None, None, m.to(dt if dt == torch.float64 else
+                                                      torch.float32), inv.to(dt if dt == torch.float64 else
+                                                      torch.float32), True, 1e-5, [True, False, False])[0]
+        return r.to(torch.float64).numpy()
+
+    want = theirs(torch.float64)
+    assert_f64_close(oracle.run(built["ops"]["batch_norm_backward"], precision="f64", **a)["grad_x"], want,
+                     "grad_x (oracle f64)")
+    same = theirs(tt(a["x"], T).dtype)
+    assert_close_policy(got["grad_x"], want, same, T, "grad_x (compiled)")
+    assert_close_policy(ref["grad_x"], want, same, T, "grad_x (oracle)")
+
+
+def test_column_sums_share_one_walk_over_the_rows(built):
+    """lower-to-loops: both of BatchNorm's column sums in one loop over chunks of 32 rows, the
+    rows serial inside it and each row read along its columns (the last axis innermost), into
+    per-chunk partials: the sums are not walked column by column."""
+    from opgen.passes import pipeline
+
+    m = built["ops"]["batch_norm_backward"].module()
+    pipeline.run(m, "cpu", until="lower-to-loops")
+    sums = [o for o in m.walk() if isinstance(o, s.AccumOp) and s.buf_type(o.buf).rank == 1
+            and s.buf_type(o.buf).role.data == "local"]
+    assert len(sums) == 2 and sums[0].parent_op() is sums[1].parent_op()
+    cols = sums[0].parent_op()
+    rows = cols.parent_op()
+    chunks = rows.parent_op()
+    assert [x.kind.data for x in (cols, rows, chunks)] == ["parallel", "serial", "parallel"]
+    assert list(sums[0].idx) == [cols.iv]
+    loads = [o for o in cols.walk() if isinstance(o, s.LoadOp) and s.buf_type(o.buf).role.data == "in"]
+    assert loads and all(ld.idx[-1] is cols.iv for ld in loads if s.buf_type(ld.buf).rank == 2)
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+def test_column_sum_over_two_leading_axes(built, rng, T):
+    """A mean over the batch and token axes of (B, N, C), read back by every element."""
+    x = rounded(rng.standard_normal((3, 37, 20)) * 3 + 1, T)
+    got, ref = run_both(built, "centre_tokens", x=x)
+    want = f64(x) - f64(x).mean(axis=(0, 1), keepdims=True)
+    same = tt(x, T).float()
+    same = (same - same.mean(dim=(0, 1), keepdim=True)).to(tt(x, T).dtype).to(torch.float64).numpy()
+    assert_close_policy(got["y"], want, same, T, "y (compiled)")
+    assert_close_policy(ref["y"], want, same, T, "y (oracle)")
+
+
+# ---------------------------------------------------------------------- bool masks
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(5, 300), (3, 31), (2, 64)])
+def test_dropout_backward_bool_mask(built, rng, T, shape):
+    """A bool mask read in strips (bytes widened to 4-byte lanes first: the strip's loop then
+    vectorises) and in the peel and tail: the oracle's bits, and PyTorch's
+    ``native_dropout_backward`` within the policy; a strided (transposed) mask too."""
+    g = rounded(rng.standard_normal(shape), T)
+    mask = rng.random(shape) > 0.1
+    got, ref = run_both(built, "dropout_backward", grad_y=g, mask=mask)
+    assert np.array_equal(f64(got["grad_x"]), f64(ref["grad_x"]))
+    want = np.where(mask, f64(g) * np.float64(np.float32(1 / 0.9)), 0.0)
+    same = torch.ops.aten.native_dropout_backward(tt(g, T), torch.from_numpy(mask), 1 / 0.9)
+    assert_close_policy(got["grad_x"], want, same.to(torch.float64).numpy(), T, "grad_x")
+    mt = np.ascontiguousarray(mask.T).T  # (the same flags in column-major order: strided loads)
+    got_t = runtime.call("dropout_backward", lib=built["lib"], grad_y=g, mask=mt)["grad_x"]
+    assert np.array_equal(f64(got_t), f64(ref["grad_x"]))
+
+
+def test_bool_tensors_are_read_as_bytes_and_strips_widened_first(built):
+    """The C reads a caller's bool tensor through a uint8_t pointer as ``!= 0`` (GCC 12
+    vectorises no loop loading a _Bool) and the stream loop's strips widen the flags with
+    opgen_bool_load_strip before their arithmetic."""
+    from opgen.emit import cpu
+
+    text = cpu.op_source(built["ops"]["dropout_backward"])
+    assert "const bool *" not in text and "const uint8_t *restrict p_mask" in text
+    assert text.count("opgen_bool_load_strip(") == 2  # (f32 and bf16: one strip loop each)
+    assert " != 0)" in text
+
+
+SANITIZED = """
+import sys, numpy as np, ml_dtypes
+from opgen import runtime
+lib = runtime.load(sys.argv[1])
+rng = np.random.default_rng(0)
+for t in (np.float32, ml_dtypes.bfloat16):
+    for n, c in ((0, 3), (1, 1), (33, 70), (70, 45)):
+        x = rng.standard_normal((n, c)).astype(t)
+        stats = dict(mean_=rng.standard_normal(c).astype(np.float32), invstd=np.ones(c, np.float32))
+        runtime.call("batch_norm_backward", lib=lib, grad_y=x, x=x, **stats)
+        runtime.call("batch_norm_backward", lib=lib, grad_y=np.ascontiguousarray(x.T).T, x=x, **stats)
+        mask = rng.random((n, c)) > 0.5
+        runtime.call("dropout_backward", lib=lib, grad_y=x, mask=mask)
+        runtime.call("dropout_backward", lib=lib, grad_y=x, mask=np.ascontiguousarray(mask.T).T)
+    runtime.call("centre_tokens", lib=lib, x=rng.standard_normal((3, 37, 20)).astype(t))
+print("done")
+"""
+
+
+def test_column_sums_and_masks_clean_under_asan_and_ubsan(tmp_path_factory):
+    """BatchNorm's column sums (chunk partials; no rows, one row, rows not a multiple of 32) and
+    the dropout mask's strips, contiguous and strided, under ASan/UBSan."""
+    from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
+
+    with built_ops(tmp_path_factory.mktemp("colsums"), "opgen_test_colsums",
+                   {"batch_norm_ops.py": BATCH_NORM, "dropout_ops.py": DROPOUT}) as b:
+        assert_clean_under_sanitizers(b, SANITIZED)
+
+
 # ---------------------------------------------------------------------- CUDA
 
 NVCC = cc.nvcc()
@@ -1113,7 +1284,8 @@ def test_cuda_sources_compile_with_nvcc(built):
     out = built["out"]
     lib = cc.build_cuda_library(out / "cuda", out / "include", built["root"] / "cuda-build", verbose=False)
     names = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
-    for op in ("scale_by", "normalize", "masked_mean_backward", "new", "take_rows", "gelu_backward"):
+    for op in ("scale_by", "normalize", "masked_mean_backward", "new", "take_rows", "gelu_backward",
+               "batch_norm_backward", "dropout_backward"):
         assert f"opgen_cuda_{op}" in names
 
 
@@ -1133,6 +1305,14 @@ def test_cuda_kernels_on_the_cpu_model(built, rng):
         want = oracle.run(built["ops"]["ln_cast_backward"], **a)
         for k_ in ("grad_x", "grad_w", "grad_b"):
             assert np.allclose(f64(got[k_]), f64(want[k_]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4), k_
+    for T in ("f32", "bf16"):  # column sums read back by every row (chunk partials)
+        a = batch_norm_args(rng, T, (70, 45))
+        got = runtime.call("batch_norm_backward", lib=lib, **a)["grad_x"]
+        want = oracle.run(built["ops"]["batch_norm_backward"], **a)["grad_x"]
+        assert np.allclose(f64(got), f64(want), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4)
+        gm, mk = rounded(rng.standard_normal((6, 70)), T), rng.random((6, 70)) > 0.3
+        got = runtime.call("dropout_backward", lib=lib, grad_y=gm, mask=mk)["grad_x"]
+        assert np.array_equal(f64(got), f64(oracle.run(built["ops"]["dropout_backward"], grad_y=gm, mask=mk)["grad_x"]))
     for T in ("f32", "bf16"):  # erf (CUDA's erff)
         gg, xg = gelu_inputs(rng, T)
         got = runtime.call("gelu_backward", lib=lib, grad=gg, x=xg)["dx"]

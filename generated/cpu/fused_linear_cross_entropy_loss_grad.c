@@ -295,7 +295,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_p
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -356,7 +356,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -849,7 +849,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -910,7 +910,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -1422,7 +1422,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -1488,7 +1488,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -2014,7 +2014,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -2080,7 +2080,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -2587,7 +2587,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -2648,7 +2648,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -3141,7 +3141,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -3202,7 +3202,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -3695,7 +3695,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -3756,7 +3756,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -4249,7 +4249,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -4310,7 +4310,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -4803,7 +4803,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -4864,7 +4864,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -5357,7 +5357,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;
@@ -5418,7 +5418,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_target_mask = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_target_mask = (const uint8_t *)bufs[3].data;
     const int64_t st_target_mask_0 = bufs[3].st[0];
     (void)p_target_mask; (void)st_target_mask_0;
     const int64_t *restrict p_masked_target = (const int64_t *)bufs[4].data;

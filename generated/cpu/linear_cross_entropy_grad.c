@@ -18,7 +18,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16_pre(const opgen_buf_t *buf
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_no_target = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_no_target = (const uint8_t *)bufs[3].data;
     const int64_t st_no_target_0 = bufs[3].st[0];
     (void)p_no_target; (void)st_no_target_0;
     const int64_t *restrict p_target = (const int64_t *)bufs[4].data;
@@ -71,7 +71,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_no_target = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_no_target = (const uint8_t *)bufs[3].data;
     const int64_t st_no_target_0 = bufs[3].st[0];
     (void)p_no_target; (void)st_no_target_0;
     const int64_t *restrict p_target = (const int64_t *)bufs[4].data;
@@ -108,7 +108,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
-        const bool v3 = p_no_target[i2 * st_no_target_0];
+        const bool v3 = (p_no_target[i2 * st_no_target_0] != 0);
         const int64_t v4 = p_target[i2];
         const bool v5 = v4 >= v1;
         const bool v6 = v4 < d_V;
@@ -176,7 +176,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
                     const float v51 = p_logits_max[v50 * st_logits_max_0];
                     const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
                     const int64_t v53 = p_target[v50];
-                    const bool v54 = p_no_target[v50 * st_no_target_0];
+                    const bool v54 = (p_no_target[v50 * st_no_target_0] != 0);
                     const bool v55 = !v54;
                     const float v56 = p_grad[v50 * st_grad_0];
                     #pragma omp simd
@@ -290,7 +290,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16_pre(const opgen_buf_t *bu
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_no_target = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_no_target = (const uint8_t *)bufs[3].data;
     const int64_t st_no_target_0 = bufs[3].st[0];
     (void)p_no_target; (void)st_no_target_0;
     const int64_t *restrict p_target = (const int64_t *)bufs[4].data;
@@ -343,7 +343,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_no_target = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_no_target = (const uint8_t *)bufs[3].data;
     const int64_t st_no_target_0 = bufs[3].st[0];
     (void)p_no_target; (void)st_no_target_0;
     const int64_t *restrict p_target = (const int64_t *)bufs[4].data;
@@ -380,7 +380,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
-        const bool v3 = p_no_target[i2 * st_no_target_0];
+        const bool v3 = (p_no_target[i2 * st_no_target_0] != 0);
         const int64_t v4 = p_target[i2];
         const bool v5 = v4 >= v1;
         const bool v6 = v4 < d_V;
@@ -448,7 +448,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                     const float v51 = p_logits_max[v50 * st_logits_max_0];
                     const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
                     const int64_t v53 = p_target[v50];
-                    const bool v54 = p_no_target[v50 * st_no_target_0];
+                    const bool v54 = (p_no_target[v50 * st_no_target_0] != 0);
                     const bool v55 = !v54;
                     const float v56 = p_grad[v50 * st_grad_0];
                     #pragma omp simd
@@ -562,7 +562,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32_pre(const opgen_buf_t *buf
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_no_target = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_no_target = (const uint8_t *)bufs[3].data;
     const int64_t st_no_target_0 = bufs[3].st[0];
     (void)p_no_target; (void)st_no_target_0;
     const int64_t *restrict p_target = (const int64_t *)bufs[4].data;
@@ -615,7 +615,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     const int64_t st_weight_0 = bufs[2].st[0];
     const int64_t st_weight_1 = bufs[2].st[1];
     (void)p_weight; (void)st_weight_0; (void)st_weight_1;
-    const bool *restrict p_no_target = (const bool *)bufs[3].data;
+    const uint8_t *restrict p_no_target = (const uint8_t *)bufs[3].data;
     const int64_t st_no_target_0 = bufs[3].st[0];
     (void)p_no_target; (void)st_no_target_0;
     const int64_t *restrict p_target = (const int64_t *)bufs[4].data;
@@ -652,7 +652,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(float))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
-        const bool v3 = p_no_target[i2 * st_no_target_0];
+        const bool v3 = (p_no_target[i2 * st_no_target_0] != 0);
         const int64_t v4 = p_target[i2];
         const bool v5 = v4 >= v1;
         const bool v6 = v4 < d_V;
@@ -720,7 +720,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
                     const float v51 = p_logits_max[v50 * st_logits_max_0];
                     const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
                     const int64_t v53 = p_target[v50];
-                    const bool v54 = p_no_target[v50 * st_no_target_0];
+                    const bool v54 = (p_no_target[v50 * st_no_target_0] != 0);
                     const bool v55 = !v54;
                     const float v56 = p_grad[v50 * st_grad_0];
                     #pragma omp simd

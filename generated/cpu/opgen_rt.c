@@ -1149,9 +1149,9 @@ static void opgen_convert_row(const void *src, int from, int64_t o, int64_t st, 
     case OPGEN_BOOL: {
         const bool *s = (const bool *)src;
         if (to == OPGEN_I64)
-            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)((s[o] != 0));
         if (to == OPGEN_BOOL)
-            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = s[o];
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
         return;
     }
     case OPGEN_I8: {

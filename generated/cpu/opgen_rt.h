@@ -557,6 +557,21 @@ static inline void opgen_f16_load_strip(float *dst, const uint16_t *src, int n) 
 #pragma omp simd
     for (int l = 0; l < n; l++) dst[l] = opgen_f16_to_f32(src[l]);
 }
+/* n bool flags from src (contiguous bytes, 0 or 1) as 0.0f / 1.0f at dst (64-byte aligned): map-cpu's
+ * staged loads of a mask row, so that a strip's loop holds 4-byte lanes only (GCC 12 gives a loop
+ * mixing 1-byte flags with floats 8-byte vectors). */
+static inline void opgen_bool_load_strip(float *dst, const uint8_t *src, int n) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    if (n % 16 == 0) { /* (the loop below, with n = 16 or 32 known, moves 8 bytes at a time) */
+        for (int l = 0; l < n; l += 16) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + l));
+            _mm512_store_ps(dst + l, _mm512_maskz_mov_ps(_mm_test_epi8_mask(b, b), _mm512_set1_ps(1.0f)));
+        }
+        return;
+    }
+#endif
+    for (int l = 0; l < n; l++) dst[l] = src[l] != 0 ? 1.0f : 0.0f;
+}
 /* A strip of n copies of v at dst (element stride st), rounded once (bf16, f16): a staged store
  * whose value is the same all along its loop (an embedding gradient's rows of zeros); nt as in
  * opgen_f32_store_strip. */

@@ -66,7 +66,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l301_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l299_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -98,472 +98,459 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             float l25 = 0;
             float l26 = 0;
             float l27 = 0;
+            const int64_t v28 = 1ll;
+            const int64_t v29 = v23 + v28;
+            float l30 = 0;
+            float l31 = 0;
+            float l32 = 0;
+            float l33 = 0;
             {
-                float lane29[32];
-                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
-                float lane30[32];
-                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
-                int64_t r31 = v1;
-                for (; r31 + 32 <= d_D; r31 += 32) {
+                float lane35[32];
+                for (int l = 0; l < 32; l++) lane35[l] = l ? 0 : l25;
+                float lane36[32];
+                for (int l = 0; l < 32; l++) lane36[l] = l ? 0 : l27;
+                float lane37[32];
+                for (int l = 0; l < 32; l++) lane37[l] = l ? 0 : l31;
+                float lane38[32];
+                for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
+                int64_t r39 = v1;
+                for (; r39 + 32 <= d_D; r39 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i28 = r31 + l;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v33 = v32 * v32;
-                        lane29[l] += v33;
-                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v35 = opgen_f16_to_f32(p_w[i28 * st_w_0]);
-                        const float v36 = v34 * v35;
-                        const float v37 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v38 = v36 * v37;
-                        lane30[l] += v38;
+                        const int64_t i34 = r39 + l;
+                        const float v40 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v41 = v40 * v40;
+                        lane35[l] += v41;
+                        const float v42 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v43 = opgen_f16_to_f32(p_w[i34 * st_w_0]);
+                        const float v44 = v42 * v43;
+                        const float v45 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v46 = v44 * v45;
+                        lane36[l] += v46;
+                        const float v47 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v48 = v47 * v47;
+                        lane37[l] += v48;
+                        const float v49 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v50 = opgen_f16_to_f32(p_w[i34 * st_w_0]);
+                        const float v51 = v49 * v50;
+                        const float v52 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v53 = v51 * v52;
+                        lane38[l] += v53;
                     }
                 }
-                for (int l = 0; r31 + l < d_D; l++) {
+                for (int l = 0; r39 + l < d_D; l++) {
                     {
-                        const int64_t i28 = r31 + l;
-                        const float v39 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v40 = v39 * v39;
-                        lane29[l] += v40;
-                        const float v41 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v42 = opgen_f16_to_f32(p_w[i28 * st_w_0]);
-                        const float v43 = v41 * v42;
-                        const float v44 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v45 = v43 * v44;
-                        lane30[l] += v45;
+                        const int64_t i34 = r39 + l;
+                        const float v54 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v55 = v54 * v54;
+                        lane35[l] += v55;
+                        const float v56 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v57 = opgen_f16_to_f32(p_w[i34 * st_w_0]);
+                        const float v58 = v56 * v57;
+                        const float v59 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v60 = v58 * v59;
+                        lane36[l] += v60;
+                        const float v61 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v62 = v61 * v61;
+                        lane37[l] += v62;
+                        const float v63 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v64 = opgen_f16_to_f32(p_w[i34 * st_w_0]);
+                        const float v65 = v63 * v64;
+                        const float v66 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v67 = v65 * v66;
+                        lane38[l] += v67;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
-                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
-                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
-                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
-                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
-                l25 = lane29[0];
-                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
-                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
-                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
-                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
-                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
-                l27 = lane30[0];
+                for (int l = 0; l < 16; l++) lane35[l] += lane35[l + 16];
+                for (int l = 0; l < 8; l++) lane35[l] += lane35[l + 8];
+                for (int l = 0; l < 4; l++) lane35[l] += lane35[l + 4];
+                for (int l = 0; l < 2; l++) lane35[l] += lane35[l + 2];
+                for (int l = 0; l < 1; l++) lane35[l] += lane35[l + 1];
+                l25 = lane35[0];
+                for (int l = 0; l < 16; l++) lane36[l] += lane36[l + 16];
+                for (int l = 0; l < 8; l++) lane36[l] += lane36[l + 8];
+                for (int l = 0; l < 4; l++) lane36[l] += lane36[l + 4];
+                for (int l = 0; l < 2; l++) lane36[l] += lane36[l + 2];
+                for (int l = 0; l < 1; l++) lane36[l] += lane36[l + 1];
+                l27 = lane36[0];
+                for (int l = 0; l < 16; l++) lane37[l] += lane37[l + 16];
+                for (int l = 0; l < 8; l++) lane37[l] += lane37[l + 8];
+                for (int l = 0; l < 4; l++) lane37[l] += lane37[l + 4];
+                for (int l = 0; l < 2; l++) lane37[l] += lane37[l + 2];
+                for (int l = 0; l < 1; l++) lane37[l] += lane37[l + 1];
+                l31 = lane37[0];
+                for (int l = 0; l < 16; l++) lane38[l] += lane38[l + 16];
+                for (int l = 0; l < 8; l++) lane38[l] += lane38[l + 8];
+                for (int l = 0; l < 4; l++) lane38[l] += lane38[l + 4];
+                for (int l = 0; l < 2; l++) lane38[l] += lane38[l + 2];
+                for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
+                l33 = lane38[0];
             }
-            const float v46 = l25;
-            l24 = v46;
-            const float v47 = l27;
-            l26 = v47;
-            const int64_t v48 = 1ll;
-            const int64_t v49 = v23 + v48;
-            float l50 = 0;
-            float l51 = 0;
-            float l52 = 0;
-            float l53 = 0;
+            const float v68 = l25;
+            l24 = v68;
+            const float v69 = l27;
+            l26 = v69;
+            const float v70 = l31;
+            l30 = v70;
+            const float v71 = l33;
+            l32 = v71;
+            const int64_t v72 = 1ll;
+            const int64_t v73 = 0ll;
+            const int64_t v74 = i21 + v72;
+            const int64_t v75 = v74 * v14;
+            const int64_t v76 = v11 + v75;
+            const int64_t v77 = d_N - v72;
+            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
+            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
+            const int64_t v80 = v76 + v28;
+            const int64_t v81 = d_N - v72;
+            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
+            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
             {
-                float lane55[32];
-                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
-                float lane56[32];
-                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
-                int64_t r57 = v1;
-                for (; r57 + 32 <= d_D; r57 += 32) {
+                int64_t r85 = v1;
+                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
+                for (int64_t i84 = r85; i84 < e86; i84++) {
+                    const float v87 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v88 = opgen_f16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v89 = v87 * v88;
+                    const float v90 = l24;
+                    const float v91 = v90 / v7;
+                    const float v92 = v91 + v8;
+                    const float v93 = 1.0f / sqrtf(v92);
+                    const float v94 = v89 * v93;
+                    l10[i84] += v94;
+                    const float v95 = opgen_f16_to_f32(p_w[i84 * st_w_0]);
+                    const float v96 = v87 * v95;
+                    const float v97 = v96 * v93;
+                    const float v98 = l26;
+                    const float v99 = v98 / v7;
+                    const float v100 = v99 * v93;
+                    const float v101 = v100 * v93;
+                    const float v102 = v101 * v93;
+                    const float v103 = v88 * v102;
+                    const float v104 = v97 - v103;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_f16(v104);
+                    const float v105 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v106 = opgen_f16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v107 = v105 * v106;
+                    const float v108 = l30;
+                    const float v109 = v108 / v7;
+                    const float v110 = v109 + v8;
+                    const float v111 = 1.0f / sqrtf(v110);
+                    const float v112 = v107 * v111;
+                    l10[i84] += v112;
+                    const float v113 = opgen_f16_to_f32(p_w[i84 * st_w_0]);
+                    const float v114 = v105 * v113;
+                    const float v115 = v114 * v111;
+                    const float v116 = l32;
+                    const float v117 = v116 / v7;
+                    const float v118 = v117 * v111;
+                    const float v119 = v118 * v111;
+                    const float v120 = v119 * v111;
+                    const float v121 = v106 * v120;
+                    const float v122 = v115 - v121;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_f16(v122);
+                }
+                r85 = e86;
+                for (; r85 + 32 <= d_D; r85 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
+                    _Alignas(64) float stg123[32];
+                    _Alignas(64) float stg124[32];
+                    _Alignas(64) float ld125[32];
+                    opgen_f16_load_strip(ld125, &p_grad_y[ro_grad_y[v23] + r85], 32);
+                    _Alignas(64) float ld126[32];
+                    opgen_f16_load_strip(ld126, &p_x[ro_x[v23] + r85], 32);
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i54 = r57 + l;
-                        const float v58 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v59 = v58 * v58;
-                        lane55[l] += v59;
-                        const float v60 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v61 = opgen_f16_to_f32(p_w[i54 * st_w_0]);
-                        const float v62 = v60 * v61;
-                        const float v63 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v64 = v62 * v63;
-                        lane56[l] += v64;
+                        const int64_t i84 = r85 + l; (void)i84;
+                        const float v127 = ld125[l];
+                        const float v128 = ld126[l];
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i84] += v134;
+                        const float v135 = opgen_f16_to_f32(p_w[i84 * st_w_0]);
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg123[l] = v144;
+                        const float v145 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                        const float v146 = opgen_f16_to_f32(p_x[ro_x[v29] + i84]);
+                        const float v147 = v145 * v146;
+                        const float v148 = l30;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i84] += v152;
+                        const float v153 = opgen_f16_to_f32(p_w[i84 * st_w_0]);
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l32;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg124[l] = v162;
                     }
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 32, nt_p_grad_x);
                 }
-                for (int l = 0; r57 + l < d_D; l++) {
-                    {
-                        const int64_t i54 = r57 + l;
-                        const float v65 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v66 = v65 * v65;
-                        lane55[l] += v66;
-                        const float v67 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v68 = opgen_f16_to_f32(p_w[i54 * st_w_0]);
-                        const float v69 = v67 * v68;
-                        const float v70 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v71 = v69 * v70;
-                        lane56[l] += v71;
-                    }
-                }
-                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
-                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
-                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
-                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
-                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
-                l51 = lane55[0];
-                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
-                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
-                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
-                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
-                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
-                l53 = lane56[0];
-            }
-            const float v72 = l51;
-            l50 = v72;
-            const float v73 = l53;
-            l52 = v73;
-            const int64_t v74 = 1ll;
-            const int64_t v75 = 0ll;
-            const int64_t v76 = i21 + v74;
-            const int64_t v77 = v76 * v14;
-            const int64_t v78 = v11 + v77;
-            const int64_t v79 = d_N - v74;
-            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
-            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
-            const int64_t v82 = v78 + v48;
-            const int64_t v83 = d_N - v74;
-            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
-            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
-            {
-                int64_t r87 = v1;
-                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
-                for (int64_t i86 = r87; i86 < e88; i86++) {
-                    const float v89 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v90 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v91 = v89 * v90;
-                    const float v92 = l24;
-                    const float v93 = v92 / v7;
-                    const float v94 = v93 + v8;
-                    const float v95 = 1.0f / sqrtf(v94);
-                    const float v96 = v91 * v95;
-                    l10[i86] += v96;
-                    const float v97 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                    const float v98 = v89 * v97;
-                    const float v99 = v98 * v95;
-                    const float v100 = l26;
-                    const float v101 = v100 / v7;
-                    const float v102 = v101 * v95;
-                    const float v103 = v102 * v95;
-                    const float v104 = v103 * v95;
-                    const float v105 = v90 * v104;
-                    const float v106 = v99 - v105;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v106);
-                    const float v107 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v108 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v109 = v107 * v108;
-                    const float v110 = l50;
-                    const float v111 = v110 / v7;
-                    const float v112 = v111 + v8;
-                    const float v113 = 1.0f / sqrtf(v112);
-                    const float v114 = v109 * v113;
-                    l10[i86] += v114;
-                    const float v115 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                    const float v116 = v107 * v115;
-                    const float v117 = v116 * v113;
-                    const float v118 = l52;
-                    const float v119 = v118 / v7;
-                    const float v120 = v119 * v113;
-                    const float v121 = v120 * v113;
-                    const float v122 = v121 * v113;
-                    const float v123 = v108 * v122;
-                    const float v124 = v117 - v123;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v124);
-                }
-                r87 = e88;
-                for (; r87 + 32 <= d_D; r87 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
-                    _Alignas(64) float stg125[32];
-                    _Alignas(64) float stg126[32];
-                    _Alignas(64) float ld127[32];
-                    opgen_f16_load_strip(ld127, &p_grad_y[ro_grad_y[v23] + r87], 32);
-                    _Alignas(64) float ld128[32];
-                    opgen_f16_load_strip(ld128, &p_x[ro_x[v23] + r87], 32);
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i86 = r87 + l; (void)i86;
-                        const float v129 = ld127[l];
-                        const float v130 = ld128[l];
-                        const float v131 = v129 * v130;
-                        const float v132 = l24;
-                        const float v133 = v132 / v7;
-                        const float v134 = v133 + v8;
-                        const float v135 = 1.0f / sqrtf(v134);
-                        const float v136 = v131 * v135;
-                        l10[i86] += v136;
-                        const float v137 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                        const float v138 = v129 * v137;
-                        const float v139 = v138 * v135;
-                        const float v140 = l26;
-                        const float v141 = v140 / v7;
-                        const float v142 = v141 * v135;
-                        const float v143 = v142 * v135;
-                        const float v144 = v143 * v135;
-                        const float v145 = v130 * v144;
-                        const float v146 = v139 - v145;
-                        stg125[l] = v146;
-                        const float v147 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                        const float v148 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                        const float v149 = v147 * v148;
-                        const float v150 = l50;
-                        const float v151 = v150 / v7;
-                        const float v152 = v151 + v8;
-                        const float v153 = 1.0f / sqrtf(v152);
-                        const float v154 = v149 * v153;
-                        l10[i86] += v154;
-                        const float v155 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                        const float v156 = v147 * v155;
-                        const float v157 = v156 * v153;
-                        const float v158 = l52;
-                        const float v159 = v158 / v7;
-                        const float v160 = v159 * v153;
-                        const float v161 = v160 * v153;
-                        const float v162 = v161 * v153;
-                        const float v163 = v148 * v162;
-                        const float v164 = v157 - v163;
-                        stg126[l] = v164;
-                    }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
-                }
-                for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v165 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v166 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v167 = v165 * v166;
-                    const float v168 = l24;
-                    const float v169 = v168 / v7;
-                    const float v170 = v169 + v8;
-                    const float v171 = 1.0f / sqrtf(v170);
-                    const float v172 = v167 * v171;
-                    l10[i86] += v172;
-                    const float v173 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                    const float v174 = v165 * v173;
-                    const float v175 = v174 * v171;
-                    const float v176 = l26;
-                    const float v177 = v176 / v7;
-                    const float v178 = v177 * v171;
-                    const float v179 = v178 * v171;
-                    const float v180 = v179 * v171;
-                    const float v181 = v166 * v180;
-                    const float v182 = v175 - v181;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v182);
-                    const float v183 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v184 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v185 = v183 * v184;
-                    const float v186 = l50;
-                    const float v187 = v186 / v7;
-                    const float v188 = v187 + v8;
-                    const float v189 = 1.0f / sqrtf(v188);
-                    const float v190 = v185 * v189;
-                    l10[i86] += v190;
-                    const float v191 = opgen_f16_to_f32(p_w[i86 * st_w_0]);
-                    const float v192 = v183 * v191;
-                    const float v193 = v192 * v189;
-                    const float v194 = l52;
-                    const float v195 = v194 / v7;
-                    const float v196 = v195 * v189;
-                    const float v197 = v196 * v189;
-                    const float v198 = v197 * v189;
-                    const float v199 = v184 * v198;
-                    const float v200 = v193 - v199;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v200);
+                for (int64_t i84 = r85; i84 < d_D; i84++) {
+                    const float v163 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v164 = opgen_f16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i84] += v170;
+                    const float v171 = opgen_f16_to_f32(p_w[i84 * st_w_0]);
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_f16(v180);
+                    const float v181 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v182 = opgen_f16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v183 = v181 * v182;
+                    const float v184 = l30;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i84] += v188;
+                    const float v189 = opgen_f16_to_f32(p_w[i84 * st_w_0]);
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l32;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_f16(v198);
                 }
             }
         }
-        for (int64_t i201 = v20; i201 < v13; i201++) {
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
             float l202 = 0;
             float l203 = 0;
-            float l204 = 0;
-            float l205 = 0;
             {
-                float lane207[32];
-                for (int l = 0; l < 32; l++) lane207[l] = l ? 0 : l203;
-                float lane208[32];
-                for (int l = 0; l < 32; l++) lane208[l] = l ? 0 : l205;
-                int64_t r209 = v1;
-                for (; r209 + 32 <= d_D; r209 += 32) {
+                float lane205[32];
+                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
+                float lane206[32];
+                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 32 <= d_D; r207 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i206 = r209 + l;
-                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v211 = v210 * v210;
-                        lane207[l] += v211;
-                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
-                        const float v213 = opgen_f16_to_f32(p_w[i206 * st_w_0]);
+                        const int64_t i204 = r207 + l;
+                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v211 = opgen_f16_to_f32(p_w[i204 * st_w_0]);
+                        const float v212 = v210 * v211;
+                        const float v213 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v214 = v212 * v213;
-                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v216 = v214 * v215;
-                        lane208[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; r209 + l < d_D; l++) {
+                for (int l = 0; r207 + l < d_D; l++) {
                     {
-                        const int64_t i206 = r209 + l;
-                        const float v217 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v218 = v217 * v217;
-                        lane207[l] += v218;
-                        const float v219 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
-                        const float v220 = opgen_f16_to_f32(p_w[i206 * st_w_0]);
+                        const int64_t i204 = r207 + l;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v218 = opgen_f16_to_f32(p_w[i204 * st_w_0]);
+                        const float v219 = v217 * v218;
+                        const float v220 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v221 = v219 * v220;
-                        const float v222 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v223 = v221 * v222;
-                        lane208[l] += v223;
+                        lane206[l] += v221;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane207[l] += lane207[l + 16];
-                for (int l = 0; l < 8; l++) lane207[l] += lane207[l + 8];
-                for (int l = 0; l < 4; l++) lane207[l] += lane207[l + 4];
-                for (int l = 0; l < 2; l++) lane207[l] += lane207[l + 2];
-                for (int l = 0; l < 1; l++) lane207[l] += lane207[l + 1];
-                l203 = lane207[0];
-                for (int l = 0; l < 16; l++) lane208[l] += lane208[l + 16];
-                for (int l = 0; l < 8; l++) lane208[l] += lane208[l + 8];
-                for (int l = 0; l < 4; l++) lane208[l] += lane208[l + 4];
-                for (int l = 0; l < 2; l++) lane208[l] += lane208[l + 2];
-                for (int l = 0; l < 1; l++) lane208[l] += lane208[l + 1];
-                l205 = lane208[0];
+                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
             }
-            const float v224 = l203;
-            l202 = v224;
-            const float v225 = l205;
-            l204 = v225;
-            const int64_t v226 = 1ll;
-            const int64_t v227 = 0ll;
-            const int64_t v228 = i201 + v226;
-            const int64_t v229 = d_N - v226;
-            const int64_t v230 = ((v228 < v229 || v228 != v228) ? v228 : v229);
-            const int64_t v231 = ((v230 > v227 || v230 != v230) ? v230 : v227);
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
             {
-                int64_t r233 = v1;
-                int64_t e234 = r233 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i201] + r233] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e234 > d_D) e234 = d_D > r233 ? d_D : r233;
-                for (int64_t i232 = r233; i232 < e234; i232++) {
-                    const float v235 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
-                    const float v236 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
-                    const float v237 = v235 * v236;
-                    const float v238 = l202;
-                    const float v239 = v238 / v7;
-                    const float v240 = v239 + v8;
-                    const float v241 = 1.0f / sqrtf(v240);
-                    const float v242 = v237 * v241;
-                    l10[i232] += v242;
-                    const float v243 = opgen_f16_to_f32(p_w[i232 * st_w_0]);
-                    const float v244 = v235 * v243;
-                    const float v245 = v244 * v241;
-                    const float v246 = l204;
-                    const float v247 = v246 / v7;
-                    const float v248 = v247 * v241;
-                    const float v249 = v248 * v241;
-                    const float v250 = v249 * v241;
-                    const float v251 = v236 * v250;
-                    const float v252 = v245 - v251;
-                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v252);
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v234 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v250);
                 }
-                r233 = e234;
-                for (; r233 + 32 <= d_D; r233 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i201] + r233, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v231] + r233, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v231] + r233, 0);
-                    _Alignas(64) float stg253[32];
-                    _Alignas(64) float ld254[32];
-                    opgen_f16_load_strip(ld254, &p_grad_y[ro_grad_y[i201] + r233], 32);
-                    _Alignas(64) float ld255[32];
-                    opgen_f16_load_strip(ld255, &p_x[ro_x[i201] + r233], 32);
+                r231 = e232;
+                for (; r231 + 32 <= d_D; r231 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[32];
+                    _Alignas(64) float ld252[32];
+                    opgen_f16_load_strip(ld252, &p_grad_y[ro_grad_y[i199] + r231], 32);
+                    _Alignas(64) float ld253[32];
+                    opgen_f16_load_strip(ld253, &p_x[ro_x[i199] + r231], 32);
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i232 = r233 + l; (void)i232;
-                        const float v256 = ld254[l];
-                        const float v257 = ld255[l];
-                        const float v258 = v256 * v257;
-                        const float v259 = l202;
-                        const float v260 = v259 / v7;
-                        const float v261 = v260 + v8;
-                        const float v262 = 1.0f / sqrtf(v261);
-                        const float v263 = v258 * v262;
-                        l10[i232] += v263;
-                        const float v264 = opgen_f16_to_f32(p_w[i232 * st_w_0]);
-                        const float v265 = v256 * v264;
-                        const float v266 = v265 * v262;
-                        const float v267 = l204;
-                        const float v268 = v267 / v7;
-                        const float v269 = v268 * v262;
-                        const float v270 = v269 * v262;
-                        const float v271 = v270 * v262;
-                        const float v272 = v257 * v271;
-                        const float v273 = v266 - v272;
-                        stg253[l] = v273;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v254 = ld252[l];
+                        const float v255 = ld253[l];
+                        const float v256 = v254 * v255;
+                        const float v257 = l200;
+                        const float v258 = v257 / v7;
+                        const float v259 = v258 + v8;
+                        const float v260 = 1.0f / sqrtf(v259);
+                        const float v261 = v256 * v260;
+                        l10[i230] += v261;
+                        const float v262 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
+                        const float v263 = v254 * v262;
+                        const float v264 = v263 * v260;
+                        const float v265 = l202;
+                        const float v266 = v265 / v7;
+                        const float v267 = v266 * v260;
+                        const float v268 = v267 * v260;
+                        const float v269 = v268 * v260;
+                        const float v270 = v255 * v269;
+                        const float v271 = v264 - v270;
+                        stg251[l] = v271;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i201] + r233], 1, stg253, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
                 }
-                for (int64_t i232 = r233; i232 < d_D; i232++) {
-                    const float v274 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
-                    const float v275 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
-                    const float v276 = v274 * v275;
-                    const float v277 = l202;
-                    const float v278 = v277 / v7;
-                    const float v279 = v278 + v8;
-                    const float v280 = 1.0f / sqrtf(v279);
-                    const float v281 = v276 * v280;
-                    l10[i232] += v281;
-                    const float v282 = opgen_f16_to_f32(p_w[i232 * st_w_0]);
-                    const float v283 = v274 * v282;
-                    const float v284 = v283 * v280;
-                    const float v285 = l204;
-                    const float v286 = v285 / v7;
-                    const float v287 = v286 * v280;
-                    const float v288 = v287 * v280;
-                    const float v289 = v288 * v280;
-                    const float v290 = v275 * v289;
-                    const float v291 = v284 - v290;
-                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v291);
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v272 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v273 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v274 = v272 * v273;
+                    const float v275 = l200;
+                    const float v276 = v275 / v7;
+                    const float v277 = v276 + v8;
+                    const float v278 = 1.0f / sqrtf(v277);
+                    const float v279 = v274 * v278;
+                    l10[i230] += v279;
+                    const float v280 = opgen_f16_to_f32(p_w[i230 * st_w_0]);
+                    const float v281 = v272 * v280;
+                    const float v282 = v281 * v278;
+                    const float v283 = l202;
+                    const float v284 = v283 / v7;
+                    const float v285 = v284 * v278;
+                    const float v286 = v285 * v278;
+                    const float v287 = v286 * v278;
+                    const float v288 = v273 * v287;
+                    const float v289 = v282 - v288;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v289);
                 }
             }
         }
-        for (int64_t i292 = v1; i292 < d_D; i292++) {
-            const float v293 = l10[i292];
-            t5[i9 * d_D + i292] = v293;
+        for (int64_t i290 = v1; i290 < d_D; i290++) {
+            const float v291 = l10[i290];
+            t5[i9 * d_D + i290] = v291;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v294 = 64ll;
-    const int64_t v295 = 0ll;
-    const int64_t v296 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v292 = 64ll;
+    const int64_t v293 = 0ll;
+    const int64_t v294 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i297 = v295; i297 < v296; i297++) {
-        const int64_t v298 = i297 * v294;
-        const int64_t v299 = d_D - v298;
-        const int64_t v300 = ((v294 < v299 || v294 != v294) ? v294 : v299);
-        float *restrict l301 = l301_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l301, sizeof(float) * (size_t)64ll);
-        const int64_t v302 = 2ll;
-        const int64_t v303 = 0ll;
-        const int64_t v304 = v4 - v1;
-        const int64_t v305 = ((v304 > v303 || v304 != v304) ? v304 : v303);
-        const int64_t v306 = (v302 == 0 ? (int64_t)0 : v302 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v305) : (int64_t)(v305 / v302));
-        const int64_t v307 = v306 * v302;
-        const int64_t v308 = v1 + v307;
-        for (int64_t i309 = v303; i309 < v306; i309++) {
-            const int64_t v310 = i309 * v302;
-            const int64_t v311 = v1 + v310;
-            const int64_t v312 = 1ll;
-            const int64_t v313 = v311 + v312;
-            for (int64_t i314 = v295; i314 < v300; i314++) {
-                const int64_t v315 = v298 + i314;
+    for (int64_t i295 = v293; i295 < v294; i295++) {
+        const int64_t v296 = i295 * v292;
+        const int64_t v297 = d_D - v296;
+        const int64_t v298 = ((v292 < v297 || v292 != v292) ? v292 : v297);
+        float *restrict l299 = l299_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l299, sizeof(float) * (size_t)64ll);
+        const int64_t v300 = 2ll;
+        const int64_t v301 = 0ll;
+        const int64_t v302 = v4 - v1;
+        const int64_t v303 = ((v302 > v301 || v302 != v302) ? v302 : v301);
+        const int64_t v304 = (v300 == 0 ? (int64_t)0 : v300 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v303) : (int64_t)(v303 / v300));
+        const int64_t v305 = v304 * v300;
+        const int64_t v306 = v1 + v305;
+        for (int64_t i307 = v301; i307 < v304; i307++) {
+            const int64_t v308 = i307 * v300;
+            const int64_t v309 = v1 + v308;
+            const int64_t v310 = 1ll;
+            const int64_t v311 = v309 + v310;
+            for (int64_t i312 = v293; i312 < v298; i312++) {
+                const int64_t v313 = v296 + i312;
+                const float v314 = t5[v309 * d_D + v313];
+                l299[i312] += v314;
+                const int64_t v315 = v296 + i312;
                 const float v316 = t5[v311 * d_D + v315];
-                l301[i314] += v316;
-                const int64_t v317 = v298 + i314;
-                const float v318 = t5[v313 * d_D + v317];
-                l301[i314] += v318;
+                l299[i312] += v316;
             }
         }
-        for (int64_t i319 = v308; i319 < v4; i319++) {
-            for (int64_t i320 = v295; i320 < v300; i320++) {
-                const int64_t v321 = v298 + i320;
-                const float v322 = t5[i319 * d_D + v321];
-                l301[i320] += v322;
+        for (int64_t i317 = v306; i317 < v4; i317++) {
+            for (int64_t i318 = v293; i318 < v298; i318++) {
+                const int64_t v319 = v296 + i318;
+                const float v320 = t5[i317 * d_D + v319];
+                l299[i318] += v320;
             }
         }
-        for (int64_t i323 = v295; i323 < v300; i323++) {
-            const int64_t v324 = v298 + i323;
-            const float v325 = l301[i323];
-            p_grad_w[v324 * st_grad_w_0] = opgen_f32_to_f16(v325);
+        for (int64_t i321 = v293; i321 < v298; i321++) {
+            const int64_t v322 = v296 + i321;
+            const float v323 = l299[i321];
+            p_grad_w[v322 * st_grad_w_0] = opgen_f32_to_f16(v323);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -594,7 +581,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l301_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l299_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -626,481 +613,468 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             float l25 = 0;
             float l26 = 0;
             float l27 = 0;
+            const int64_t v28 = 1ll;
+            const int64_t v29 = v23 + v28;
+            float l30 = 0;
+            float l31 = 0;
+            float l32 = 0;
+            float l33 = 0;
             {
-                float lane29[32];
-                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
-                float lane30[32];
-                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
-                int64_t r31 = v1;
-                for (; r31 + 32 <= d_D; r31 += 32) {
+                float lane35[32];
+                for (int l = 0; l < 32; l++) lane35[l] = l ? 0 : l25;
+                float lane36[32];
+                for (int l = 0; l < 32; l++) lane36[l] = l ? 0 : l27;
+                float lane37[32];
+                for (int l = 0; l < 32; l++) lane37[l] = l ? 0 : l31;
+                float lane38[32];
+                for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
+                int64_t r39 = v1;
+                for (; r39 + 32 <= d_D; r39 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i28 = r31 + l;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v33 = v32 * v32;
-                        lane29[l] += v33;
-                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v35 = opgen_f16_to_f32(p_w[i28]);
-                        const float v36 = v34 * v35;
-                        const float v37 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v38 = v36 * v37;
-                        lane30[l] += v38;
+                        const int64_t i34 = r39 + l;
+                        const float v40 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v41 = v40 * v40;
+                        lane35[l] += v41;
+                        const float v42 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v43 = opgen_f16_to_f32(p_w[i34]);
+                        const float v44 = v42 * v43;
+                        const float v45 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v46 = v44 * v45;
+                        lane36[l] += v46;
+                        const float v47 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v48 = v47 * v47;
+                        lane37[l] += v48;
+                        const float v49 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v50 = opgen_f16_to_f32(p_w[i34]);
+                        const float v51 = v49 * v50;
+                        const float v52 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v53 = v51 * v52;
+                        lane38[l] += v53;
                     }
                 }
-                for (int l = 0; r31 + l < d_D; l++) {
+                for (int l = 0; r39 + l < d_D; l++) {
                     {
-                        const int64_t i28 = r31 + l;
-                        const float v39 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v40 = v39 * v39;
-                        lane29[l] += v40;
-                        const float v41 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v42 = opgen_f16_to_f32(p_w[i28]);
-                        const float v43 = v41 * v42;
-                        const float v44 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v45 = v43 * v44;
-                        lane30[l] += v45;
+                        const int64_t i34 = r39 + l;
+                        const float v54 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v55 = v54 * v54;
+                        lane35[l] += v55;
+                        const float v56 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v57 = opgen_f16_to_f32(p_w[i34]);
+                        const float v58 = v56 * v57;
+                        const float v59 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v60 = v58 * v59;
+                        lane36[l] += v60;
+                        const float v61 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v62 = v61 * v61;
+                        lane37[l] += v62;
+                        const float v63 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v64 = opgen_f16_to_f32(p_w[i34]);
+                        const float v65 = v63 * v64;
+                        const float v66 = opgen_f16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v67 = v65 * v66;
+                        lane38[l] += v67;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
-                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
-                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
-                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
-                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
-                l25 = lane29[0];
-                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
-                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
-                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
-                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
-                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
-                l27 = lane30[0];
+                for (int l = 0; l < 16; l++) lane35[l] += lane35[l + 16];
+                for (int l = 0; l < 8; l++) lane35[l] += lane35[l + 8];
+                for (int l = 0; l < 4; l++) lane35[l] += lane35[l + 4];
+                for (int l = 0; l < 2; l++) lane35[l] += lane35[l + 2];
+                for (int l = 0; l < 1; l++) lane35[l] += lane35[l + 1];
+                l25 = lane35[0];
+                for (int l = 0; l < 16; l++) lane36[l] += lane36[l + 16];
+                for (int l = 0; l < 8; l++) lane36[l] += lane36[l + 8];
+                for (int l = 0; l < 4; l++) lane36[l] += lane36[l + 4];
+                for (int l = 0; l < 2; l++) lane36[l] += lane36[l + 2];
+                for (int l = 0; l < 1; l++) lane36[l] += lane36[l + 1];
+                l27 = lane36[0];
+                for (int l = 0; l < 16; l++) lane37[l] += lane37[l + 16];
+                for (int l = 0; l < 8; l++) lane37[l] += lane37[l + 8];
+                for (int l = 0; l < 4; l++) lane37[l] += lane37[l + 4];
+                for (int l = 0; l < 2; l++) lane37[l] += lane37[l + 2];
+                for (int l = 0; l < 1; l++) lane37[l] += lane37[l + 1];
+                l31 = lane37[0];
+                for (int l = 0; l < 16; l++) lane38[l] += lane38[l + 16];
+                for (int l = 0; l < 8; l++) lane38[l] += lane38[l + 8];
+                for (int l = 0; l < 4; l++) lane38[l] += lane38[l + 4];
+                for (int l = 0; l < 2; l++) lane38[l] += lane38[l + 2];
+                for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
+                l33 = lane38[0];
             }
-            const float v46 = l25;
-            l24 = v46;
-            const float v47 = l27;
-            l26 = v47;
-            const int64_t v48 = 1ll;
-            const int64_t v49 = v23 + v48;
-            float l50 = 0;
-            float l51 = 0;
-            float l52 = 0;
-            float l53 = 0;
+            const float v68 = l25;
+            l24 = v68;
+            const float v69 = l27;
+            l26 = v69;
+            const float v70 = l31;
+            l30 = v70;
+            const float v71 = l33;
+            l32 = v71;
+            const int64_t v72 = 1ll;
+            const int64_t v73 = 0ll;
+            const int64_t v74 = i21 + v72;
+            const int64_t v75 = v74 * v14;
+            const int64_t v76 = v11 + v75;
+            const int64_t v77 = d_N - v72;
+            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
+            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
+            const int64_t v80 = v76 + v28;
+            const int64_t v81 = d_N - v72;
+            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
+            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
             {
-                float lane55[32];
-                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
-                float lane56[32];
-                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
-                int64_t r57 = v1;
-                for (; r57 + 32 <= d_D; r57 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i54 = r57 + l;
-                        const float v58 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v59 = v58 * v58;
-                        lane55[l] += v59;
-                        const float v60 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v61 = opgen_f16_to_f32(p_w[i54]);
-                        const float v62 = v60 * v61;
-                        const float v63 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v64 = v62 * v63;
-                        lane56[l] += v64;
-                    }
-                }
-                for (int l = 0; r57 + l < d_D; l++) {
-                    {
-                        const int64_t i54 = r57 + l;
-                        const float v65 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v66 = v65 * v65;
-                        lane55[l] += v66;
-                        const float v67 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v68 = opgen_f16_to_f32(p_w[i54]);
-                        const float v69 = v67 * v68;
-                        const float v70 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v71 = v69 * v70;
-                        lane56[l] += v71;
-                    }
-                }
-                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
-                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
-                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
-                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
-                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
-                l51 = lane55[0];
-                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
-                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
-                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
-                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
-                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
-                l53 = lane56[0];
-            }
-            const float v72 = l51;
-            l50 = v72;
-            const float v73 = l53;
-            l52 = v73;
-            const int64_t v74 = 1ll;
-            const int64_t v75 = 0ll;
-            const int64_t v76 = i21 + v74;
-            const int64_t v77 = v76 * v14;
-            const int64_t v78 = v11 + v77;
-            const int64_t v79 = d_N - v74;
-            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
-            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
-            const int64_t v82 = v78 + v48;
-            const int64_t v83 = d_N - v74;
-            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
-            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
-            {
-                int64_t r87 = v1;
-                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
+                int64_t r85 = v1;
+                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
                 #pragma omp simd
-                for (int64_t i86 = r87; i86 < e88; i86++) {
-                    const float v89 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v90 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v91 = v89 * v90;
-                    const float v92 = l24;
-                    const float v93 = v92 / v7;
-                    const float v94 = v93 + v8;
-                    const float v95 = 1.0f / sqrtf(v94);
-                    const float v96 = v91 * v95;
-                    l10[i86] += v96;
-                    const float v97 = opgen_f16_to_f32(p_w[i86]);
-                    const float v98 = v89 * v97;
-                    const float v99 = v98 * v95;
-                    const float v100 = l26;
-                    const float v101 = v100 / v7;
-                    const float v102 = v101 * v95;
-                    const float v103 = v102 * v95;
-                    const float v104 = v103 * v95;
-                    const float v105 = v90 * v104;
-                    const float v106 = v99 - v105;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v106);
-                    const float v107 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v108 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v109 = v107 * v108;
-                    const float v110 = l50;
-                    const float v111 = v110 / v7;
-                    const float v112 = v111 + v8;
-                    const float v113 = 1.0f / sqrtf(v112);
-                    const float v114 = v109 * v113;
-                    l10[i86] += v114;
-                    const float v115 = opgen_f16_to_f32(p_w[i86]);
-                    const float v116 = v107 * v115;
-                    const float v117 = v116 * v113;
-                    const float v118 = l52;
-                    const float v119 = v118 / v7;
-                    const float v120 = v119 * v113;
-                    const float v121 = v120 * v113;
-                    const float v122 = v121 * v113;
-                    const float v123 = v108 * v122;
-                    const float v124 = v117 - v123;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v124);
+                for (int64_t i84 = r85; i84 < e86; i84++) {
+                    const float v87 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v88 = opgen_f16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v89 = v87 * v88;
+                    const float v90 = l24;
+                    const float v91 = v90 / v7;
+                    const float v92 = v91 + v8;
+                    const float v93 = 1.0f / sqrtf(v92);
+                    const float v94 = v89 * v93;
+                    l10[i84] += v94;
+                    const float v95 = opgen_f16_to_f32(p_w[i84]);
+                    const float v96 = v87 * v95;
+                    const float v97 = v96 * v93;
+                    const float v98 = l26;
+                    const float v99 = v98 / v7;
+                    const float v100 = v99 * v93;
+                    const float v101 = v100 * v93;
+                    const float v102 = v101 * v93;
+                    const float v103 = v88 * v102;
+                    const float v104 = v97 - v103;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_f16(v104);
+                    const float v105 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v106 = opgen_f16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v107 = v105 * v106;
+                    const float v108 = l30;
+                    const float v109 = v108 / v7;
+                    const float v110 = v109 + v8;
+                    const float v111 = 1.0f / sqrtf(v110);
+                    const float v112 = v107 * v111;
+                    l10[i84] += v112;
+                    const float v113 = opgen_f16_to_f32(p_w[i84]);
+                    const float v114 = v105 * v113;
+                    const float v115 = v114 * v111;
+                    const float v116 = l32;
+                    const float v117 = v116 / v7;
+                    const float v118 = v117 * v111;
+                    const float v119 = v118 * v111;
+                    const float v120 = v119 * v111;
+                    const float v121 = v106 * v120;
+                    const float v122 = v115 - v121;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_f16(v122);
                 }
-                r87 = e88;
-                for (; r87 + 32 <= d_D; r87 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
-                    _Alignas(64) float stg125[32];
-                    _Alignas(64) float stg126[32];
-                    _Alignas(64) float ld127[32];
-                    opgen_f16_load_strip(ld127, &p_grad_y[ro_grad_y[v23] + r87], 32);
-                    _Alignas(64) float ld128[32];
-                    opgen_f16_load_strip(ld128, &p_x[ro_x[v23] + r87], 32);
+                r85 = e86;
+                for (; r85 + 32 <= d_D; r85 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
+                    _Alignas(64) float stg123[32];
+                    _Alignas(64) float stg124[32];
+                    _Alignas(64) float ld125[32];
+                    opgen_f16_load_strip(ld125, &p_grad_y[ro_grad_y[v23] + r85], 32);
+                    _Alignas(64) float ld126[32];
+                    opgen_f16_load_strip(ld126, &p_x[ro_x[v23] + r85], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i86 = r87 + l; (void)i86;
-                        const float v129 = ld127[l];
-                        const float v130 = ld128[l];
-                        const float v131 = v129 * v130;
-                        const float v132 = l24;
-                        const float v133 = v132 / v7;
-                        const float v134 = v133 + v8;
-                        const float v135 = 1.0f / sqrtf(v134);
-                        const float v136 = v131 * v135;
-                        l10[i86] += v136;
-                        const float v137 = opgen_f16_to_f32(p_w[i86]);
-                        const float v138 = v129 * v137;
-                        const float v139 = v138 * v135;
-                        const float v140 = l26;
-                        const float v141 = v140 / v7;
-                        const float v142 = v141 * v135;
-                        const float v143 = v142 * v135;
-                        const float v144 = v143 * v135;
-                        const float v145 = v130 * v144;
-                        const float v146 = v139 - v145;
-                        stg125[l] = v146;
-                        const float v147 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                        const float v148 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                        const float v149 = v147 * v148;
-                        const float v150 = l50;
-                        const float v151 = v150 / v7;
-                        const float v152 = v151 + v8;
-                        const float v153 = 1.0f / sqrtf(v152);
-                        const float v154 = v149 * v153;
-                        l10[i86] += v154;
-                        const float v155 = opgen_f16_to_f32(p_w[i86]);
-                        const float v156 = v147 * v155;
-                        const float v157 = v156 * v153;
-                        const float v158 = l52;
-                        const float v159 = v158 / v7;
-                        const float v160 = v159 * v153;
-                        const float v161 = v160 * v153;
-                        const float v162 = v161 * v153;
-                        const float v163 = v148 * v162;
-                        const float v164 = v157 - v163;
-                        stg126[l] = v164;
+                        const int64_t i84 = r85 + l; (void)i84;
+                        const float v127 = ld125[l];
+                        const float v128 = ld126[l];
+                        const float v129 = v127 * v128;
+                        const float v130 = l24;
+                        const float v131 = v130 / v7;
+                        const float v132 = v131 + v8;
+                        const float v133 = 1.0f / sqrtf(v132);
+                        const float v134 = v129 * v133;
+                        l10[i84] += v134;
+                        const float v135 = opgen_f16_to_f32(p_w[i84]);
+                        const float v136 = v127 * v135;
+                        const float v137 = v136 * v133;
+                        const float v138 = l26;
+                        const float v139 = v138 / v7;
+                        const float v140 = v139 * v133;
+                        const float v141 = v140 * v133;
+                        const float v142 = v141 * v133;
+                        const float v143 = v128 * v142;
+                        const float v144 = v137 - v143;
+                        stg123[l] = v144;
+                        const float v145 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                        const float v146 = opgen_f16_to_f32(p_x[ro_x[v29] + i84]);
+                        const float v147 = v145 * v146;
+                        const float v148 = l30;
+                        const float v149 = v148 / v7;
+                        const float v150 = v149 + v8;
+                        const float v151 = 1.0f / sqrtf(v150);
+                        const float v152 = v147 * v151;
+                        l10[i84] += v152;
+                        const float v153 = opgen_f16_to_f32(p_w[i84]);
+                        const float v154 = v145 * v153;
+                        const float v155 = v154 * v151;
+                        const float v156 = l32;
+                        const float v157 = v156 / v7;
+                        const float v158 = v157 * v151;
+                        const float v159 = v158 * v151;
+                        const float v160 = v159 * v151;
+                        const float v161 = v146 * v160;
+                        const float v162 = v155 - v161;
+                        stg124[l] = v162;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v165 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v166 = opgen_f16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v167 = v165 * v166;
-                    const float v168 = l24;
-                    const float v169 = v168 / v7;
-                    const float v170 = v169 + v8;
-                    const float v171 = 1.0f / sqrtf(v170);
-                    const float v172 = v167 * v171;
-                    l10[i86] += v172;
-                    const float v173 = opgen_f16_to_f32(p_w[i86]);
-                    const float v174 = v165 * v173;
-                    const float v175 = v174 * v171;
-                    const float v176 = l26;
-                    const float v177 = v176 / v7;
-                    const float v178 = v177 * v171;
-                    const float v179 = v178 * v171;
-                    const float v180 = v179 * v171;
-                    const float v181 = v166 * v180;
-                    const float v182 = v175 - v181;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_f16(v182);
-                    const float v183 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v184 = opgen_f16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v185 = v183 * v184;
-                    const float v186 = l50;
-                    const float v187 = v186 / v7;
-                    const float v188 = v187 + v8;
-                    const float v189 = 1.0f / sqrtf(v188);
-                    const float v190 = v185 * v189;
-                    l10[i86] += v190;
-                    const float v191 = opgen_f16_to_f32(p_w[i86]);
-                    const float v192 = v183 * v191;
-                    const float v193 = v192 * v189;
-                    const float v194 = l52;
-                    const float v195 = v194 / v7;
-                    const float v196 = v195 * v189;
-                    const float v197 = v196 * v189;
-                    const float v198 = v197 * v189;
-                    const float v199 = v184 * v198;
-                    const float v200 = v193 - v199;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_f16(v200);
+                for (int64_t i84 = r85; i84 < d_D; i84++) {
+                    const float v163 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v164 = opgen_f16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v165 = v163 * v164;
+                    const float v166 = l24;
+                    const float v167 = v166 / v7;
+                    const float v168 = v167 + v8;
+                    const float v169 = 1.0f / sqrtf(v168);
+                    const float v170 = v165 * v169;
+                    l10[i84] += v170;
+                    const float v171 = opgen_f16_to_f32(p_w[i84]);
+                    const float v172 = v163 * v171;
+                    const float v173 = v172 * v169;
+                    const float v174 = l26;
+                    const float v175 = v174 / v7;
+                    const float v176 = v175 * v169;
+                    const float v177 = v176 * v169;
+                    const float v178 = v177 * v169;
+                    const float v179 = v164 * v178;
+                    const float v180 = v173 - v179;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_f16(v180);
+                    const float v181 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v182 = opgen_f16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v183 = v181 * v182;
+                    const float v184 = l30;
+                    const float v185 = v184 / v7;
+                    const float v186 = v185 + v8;
+                    const float v187 = 1.0f / sqrtf(v186);
+                    const float v188 = v183 * v187;
+                    l10[i84] += v188;
+                    const float v189 = opgen_f16_to_f32(p_w[i84]);
+                    const float v190 = v181 * v189;
+                    const float v191 = v190 * v187;
+                    const float v192 = l32;
+                    const float v193 = v192 / v7;
+                    const float v194 = v193 * v187;
+                    const float v195 = v194 * v187;
+                    const float v196 = v195 * v187;
+                    const float v197 = v182 * v196;
+                    const float v198 = v191 - v197;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_f16(v198);
                 }
             }
         }
-        for (int64_t i201 = v20; i201 < v13; i201++) {
+        for (int64_t i199 = v20; i199 < v13; i199++) {
+            float l200 = 0;
+            float l201 = 0;
             float l202 = 0;
             float l203 = 0;
-            float l204 = 0;
-            float l205 = 0;
             {
-                float lane207[32];
-                for (int l = 0; l < 32; l++) lane207[l] = l ? 0 : l203;
-                float lane208[32];
-                for (int l = 0; l < 32; l++) lane208[l] = l ? 0 : l205;
-                int64_t r209 = v1;
-                for (; r209 + 32 <= d_D; r209 += 32) {
+                float lane205[32];
+                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
+                float lane206[32];
+                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
+                int64_t r207 = v1;
+                for (; r207 + 32 <= d_D; r207 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i206 = r209 + l;
-                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v211 = v210 * v210;
-                        lane207[l] += v211;
-                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
-                        const float v213 = opgen_f16_to_f32(p_w[i206]);
+                        const int64_t i204 = r207 + l;
+                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v209 = v208 * v208;
+                        lane205[l] += v209;
+                        const float v210 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v211 = opgen_f16_to_f32(p_w[i204]);
+                        const float v212 = v210 * v211;
+                        const float v213 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v214 = v212 * v213;
-                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v216 = v214 * v215;
-                        lane208[l] += v216;
+                        lane206[l] += v214;
                     }
                 }
-                for (int l = 0; r209 + l < d_D; l++) {
+                for (int l = 0; r207 + l < d_D; l++) {
                     {
-                        const int64_t i206 = r209 + l;
-                        const float v217 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v218 = v217 * v217;
-                        lane207[l] += v218;
-                        const float v219 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i206]);
-                        const float v220 = opgen_f16_to_f32(p_w[i206]);
+                        const int64_t i204 = r207 + l;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
+                        const float v216 = v215 * v215;
+                        lane205[l] += v216;
+                        const float v217 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
+                        const float v218 = opgen_f16_to_f32(p_w[i204]);
+                        const float v219 = v217 * v218;
+                        const float v220 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
                         const float v221 = v219 * v220;
-                        const float v222 = opgen_f16_to_f32(p_x[ro_x[i201] + i206]);
-                        const float v223 = v221 * v222;
-                        lane208[l] += v223;
+                        lane206[l] += v221;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane207[l] += lane207[l + 16];
-                for (int l = 0; l < 8; l++) lane207[l] += lane207[l + 8];
-                for (int l = 0; l < 4; l++) lane207[l] += lane207[l + 4];
-                for (int l = 0; l < 2; l++) lane207[l] += lane207[l + 2];
-                for (int l = 0; l < 1; l++) lane207[l] += lane207[l + 1];
-                l203 = lane207[0];
-                for (int l = 0; l < 16; l++) lane208[l] += lane208[l + 16];
-                for (int l = 0; l < 8; l++) lane208[l] += lane208[l + 8];
-                for (int l = 0; l < 4; l++) lane208[l] += lane208[l + 4];
-                for (int l = 0; l < 2; l++) lane208[l] += lane208[l + 2];
-                for (int l = 0; l < 1; l++) lane208[l] += lane208[l + 1];
-                l205 = lane208[0];
+                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
+                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
+                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
+                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
+                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
+                l201 = lane205[0];
+                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
+                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
+                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
+                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
+                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
+                l203 = lane206[0];
             }
-            const float v224 = l203;
-            l202 = v224;
-            const float v225 = l205;
-            l204 = v225;
-            const int64_t v226 = 1ll;
-            const int64_t v227 = 0ll;
-            const int64_t v228 = i201 + v226;
-            const int64_t v229 = d_N - v226;
-            const int64_t v230 = ((v228 < v229 || v228 != v228) ? v228 : v229);
-            const int64_t v231 = ((v230 > v227 || v230 != v230) ? v230 : v227);
+            const float v222 = l201;
+            l200 = v222;
+            const float v223 = l203;
+            l202 = v223;
+            const int64_t v224 = 1ll;
+            const int64_t v225 = 0ll;
+            const int64_t v226 = i199 + v224;
+            const int64_t v227 = d_N - v224;
+            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
+            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
             {
-                int64_t r233 = v1;
-                int64_t e234 = r233 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i201] + r233] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e234 > d_D) e234 = d_D > r233 ? d_D : r233;
+                int64_t r231 = v1;
+                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
                 #pragma omp simd
-                for (int64_t i232 = r233; i232 < e234; i232++) {
-                    const float v235 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
-                    const float v236 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
-                    const float v237 = v235 * v236;
-                    const float v238 = l202;
-                    const float v239 = v238 / v7;
-                    const float v240 = v239 + v8;
-                    const float v241 = 1.0f / sqrtf(v240);
-                    const float v242 = v237 * v241;
-                    l10[i232] += v242;
-                    const float v243 = opgen_f16_to_f32(p_w[i232]);
-                    const float v244 = v235 * v243;
-                    const float v245 = v244 * v241;
-                    const float v246 = l204;
-                    const float v247 = v246 / v7;
-                    const float v248 = v247 * v241;
-                    const float v249 = v248 * v241;
-                    const float v250 = v249 * v241;
-                    const float v251 = v236 * v250;
-                    const float v252 = v245 - v251;
-                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v252);
+                for (int64_t i230 = r231; i230 < e232; i230++) {
+                    const float v233 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v234 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v235 = v233 * v234;
+                    const float v236 = l200;
+                    const float v237 = v236 / v7;
+                    const float v238 = v237 + v8;
+                    const float v239 = 1.0f / sqrtf(v238);
+                    const float v240 = v235 * v239;
+                    l10[i230] += v240;
+                    const float v241 = opgen_f16_to_f32(p_w[i230]);
+                    const float v242 = v233 * v241;
+                    const float v243 = v242 * v239;
+                    const float v244 = l202;
+                    const float v245 = v244 / v7;
+                    const float v246 = v245 * v239;
+                    const float v247 = v246 * v239;
+                    const float v248 = v247 * v239;
+                    const float v249 = v234 * v248;
+                    const float v250 = v243 - v249;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v250);
                 }
-                r233 = e234;
-                for (; r233 + 32 <= d_D; r233 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i201] + r233, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v231] + r233, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v231] + r233, 0);
-                    _Alignas(64) float stg253[32];
-                    _Alignas(64) float ld254[32];
-                    opgen_f16_load_strip(ld254, &p_grad_y[ro_grad_y[i201] + r233], 32);
-                    _Alignas(64) float ld255[32];
-                    opgen_f16_load_strip(ld255, &p_x[ro_x[i201] + r233], 32);
+                r231 = e232;
+                for (; r231 + 32 <= d_D; r231 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
+                    _Alignas(64) float stg251[32];
+                    _Alignas(64) float ld252[32];
+                    opgen_f16_load_strip(ld252, &p_grad_y[ro_grad_y[i199] + r231], 32);
+                    _Alignas(64) float ld253[32];
+                    opgen_f16_load_strip(ld253, &p_x[ro_x[i199] + r231], 32);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i232 = r233 + l; (void)i232;
-                        const float v256 = ld254[l];
-                        const float v257 = ld255[l];
-                        const float v258 = v256 * v257;
-                        const float v259 = l202;
-                        const float v260 = v259 / v7;
-                        const float v261 = v260 + v8;
-                        const float v262 = 1.0f / sqrtf(v261);
-                        const float v263 = v258 * v262;
-                        l10[i232] += v263;
-                        const float v264 = opgen_f16_to_f32(p_w[i232]);
-                        const float v265 = v256 * v264;
-                        const float v266 = v265 * v262;
-                        const float v267 = l204;
-                        const float v268 = v267 / v7;
-                        const float v269 = v268 * v262;
-                        const float v270 = v269 * v262;
-                        const float v271 = v270 * v262;
-                        const float v272 = v257 * v271;
-                        const float v273 = v266 - v272;
-                        stg253[l] = v273;
+                        const int64_t i230 = r231 + l; (void)i230;
+                        const float v254 = ld252[l];
+                        const float v255 = ld253[l];
+                        const float v256 = v254 * v255;
+                        const float v257 = l200;
+                        const float v258 = v257 / v7;
+                        const float v259 = v258 + v8;
+                        const float v260 = 1.0f / sqrtf(v259);
+                        const float v261 = v256 * v260;
+                        l10[i230] += v261;
+                        const float v262 = opgen_f16_to_f32(p_w[i230]);
+                        const float v263 = v254 * v262;
+                        const float v264 = v263 * v260;
+                        const float v265 = l202;
+                        const float v266 = v265 / v7;
+                        const float v267 = v266 * v260;
+                        const float v268 = v267 * v260;
+                        const float v269 = v268 * v260;
+                        const float v270 = v255 * v269;
+                        const float v271 = v264 - v270;
+                        stg251[l] = v271;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i201] + r233], 1, stg253, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i232 = r233; i232 < d_D; i232++) {
-                    const float v274 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i201] + i232]);
-                    const float v275 = opgen_f16_to_f32(p_x[ro_x[i201] + i232]);
-                    const float v276 = v274 * v275;
-                    const float v277 = l202;
-                    const float v278 = v277 / v7;
-                    const float v279 = v278 + v8;
-                    const float v280 = 1.0f / sqrtf(v279);
-                    const float v281 = v276 * v280;
-                    l10[i232] += v281;
-                    const float v282 = opgen_f16_to_f32(p_w[i232]);
-                    const float v283 = v274 * v282;
-                    const float v284 = v283 * v280;
-                    const float v285 = l204;
-                    const float v286 = v285 / v7;
-                    const float v287 = v286 * v280;
-                    const float v288 = v287 * v280;
-                    const float v289 = v288 * v280;
-                    const float v290 = v275 * v289;
-                    const float v291 = v284 - v290;
-                    p_grad_x[ro_grad_x[i201] + i232] = opgen_f32_to_f16(v291);
+                for (int64_t i230 = r231; i230 < d_D; i230++) {
+                    const float v272 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
+                    const float v273 = opgen_f16_to_f32(p_x[ro_x[i199] + i230]);
+                    const float v274 = v272 * v273;
+                    const float v275 = l200;
+                    const float v276 = v275 / v7;
+                    const float v277 = v276 + v8;
+                    const float v278 = 1.0f / sqrtf(v277);
+                    const float v279 = v274 * v278;
+                    l10[i230] += v279;
+                    const float v280 = opgen_f16_to_f32(p_w[i230]);
+                    const float v281 = v272 * v280;
+                    const float v282 = v281 * v278;
+                    const float v283 = l202;
+                    const float v284 = v283 / v7;
+                    const float v285 = v284 * v278;
+                    const float v286 = v285 * v278;
+                    const float v287 = v286 * v278;
+                    const float v288 = v273 * v287;
+                    const float v289 = v282 - v288;
+                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_f16(v289);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i292 = v1; i292 < d_D; i292++) {
-            const float v293 = l10[i292];
-            t5[i9 * d_D + i292] = v293;
+        for (int64_t i290 = v1; i290 < d_D; i290++) {
+            const float v291 = l10[i290];
+            t5[i9 * d_D + i290] = v291;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v294 = 64ll;
-    const int64_t v295 = 0ll;
-    const int64_t v296 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v292 = 64ll;
+    const int64_t v293 = 0ll;
+    const int64_t v294 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i297 = v295; i297 < v296; i297++) {
-        const int64_t v298 = i297 * v294;
-        const int64_t v299 = d_D - v298;
-        const int64_t v300 = ((v294 < v299 || v294 != v294) ? v294 : v299);
-        float *restrict l301 = l301_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l301, sizeof(float) * (size_t)64ll);
-        const int64_t v302 = 2ll;
-        const int64_t v303 = 0ll;
-        const int64_t v304 = v4 - v1;
-        const int64_t v305 = ((v304 > v303 || v304 != v304) ? v304 : v303);
-        const int64_t v306 = (v302 == 0 ? (int64_t)0 : v302 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v305) : (int64_t)(v305 / v302));
-        const int64_t v307 = v306 * v302;
-        const int64_t v308 = v1 + v307;
-        for (int64_t i309 = v303; i309 < v306; i309++) {
-            const int64_t v310 = i309 * v302;
-            const int64_t v311 = v1 + v310;
-            const int64_t v312 = 1ll;
-            const int64_t v313 = v311 + v312;
+    for (int64_t i295 = v293; i295 < v294; i295++) {
+        const int64_t v296 = i295 * v292;
+        const int64_t v297 = d_D - v296;
+        const int64_t v298 = ((v292 < v297 || v292 != v292) ? v292 : v297);
+        float *restrict l299 = l299_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l299, sizeof(float) * (size_t)64ll);
+        const int64_t v300 = 2ll;
+        const int64_t v301 = 0ll;
+        const int64_t v302 = v4 - v1;
+        const int64_t v303 = ((v302 > v301 || v302 != v302) ? v302 : v301);
+        const int64_t v304 = (v300 == 0 ? (int64_t)0 : v300 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v303) : (int64_t)(v303 / v300));
+        const int64_t v305 = v304 * v300;
+        const int64_t v306 = v1 + v305;
+        for (int64_t i307 = v301; i307 < v304; i307++) {
+            const int64_t v308 = i307 * v300;
+            const int64_t v309 = v1 + v308;
+            const int64_t v310 = 1ll;
+            const int64_t v311 = v309 + v310;
             #pragma omp simd
-            for (int64_t i314 = v295; i314 < v300; i314++) {
-                const int64_t v315 = v298 + i314;
+            for (int64_t i312 = v293; i312 < v298; i312++) {
+                const int64_t v313 = v296 + i312;
+                const float v314 = t5[v309 * d_D + v313];
+                l299[i312] += v314;
+                const int64_t v315 = v296 + i312;
                 const float v316 = t5[v311 * d_D + v315];
-                l301[i314] += v316;
-                const int64_t v317 = v298 + i314;
-                const float v318 = t5[v313 * d_D + v317];
-                l301[i314] += v318;
+                l299[i312] += v316;
             }
         }
-        for (int64_t i319 = v308; i319 < v4; i319++) {
+        for (int64_t i317 = v306; i317 < v4; i317++) {
             #pragma omp simd
-            for (int64_t i320 = v295; i320 < v300; i320++) {
-                const int64_t v321 = v298 + i320;
-                const float v322 = t5[i319 * d_D + v321];
-                l301[i320] += v322;
+            for (int64_t i318 = v293; i318 < v298; i318++) {
+                const int64_t v319 = v296 + i318;
+                const float v320 = t5[i317 * d_D + v319];
+                l299[i318] += v320;
             }
         }
-        for (int64_t i323 = v295; i323 < v300; i323++) {
-            const int64_t v324 = v298 + i323;
-            const float v325 = l301[i323];
-            p_grad_w[v324] = opgen_f32_to_f16(v325);
+        for (int64_t i321 = v293; i321 < v298; i321++) {
+            const int64_t v322 = v296 + i321;
+            const float v323 = l299[i321];
+            p_grad_w[v322] = opgen_f32_to_f16(v323);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1173,7 +1147,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1205,458 +1179,445 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             float l25 = 0;
             float l26 = 0;
             float l27 = 0;
+            const int64_t v28 = 1ll;
+            const int64_t v29 = v23 + v28;
+            float l30 = 0;
+            float l31 = 0;
+            float l32 = 0;
+            float l33 = 0;
             {
-                float lane29[16];
-                for (int l = 0; l < 16; l++) lane29[l] = l ? 0 : l25;
-                float lane30[16];
-                for (int l = 0; l < 16; l++) lane30[l] = l ? 0 : l27;
-                int64_t r31 = v1;
-                for (; r31 + 16 <= d_D; r31 += 16) {
+                float lane35[16];
+                for (int l = 0; l < 16; l++) lane35[l] = l ? 0 : l25;
+                float lane36[16];
+                for (int l = 0; l < 16; l++) lane36[l] = l ? 0 : l27;
+                float lane37[16];
+                for (int l = 0; l < 16; l++) lane37[l] = l ? 0 : l31;
+                float lane38[16];
+                for (int l = 0; l < 16; l++) lane38[l] = l ? 0 : l33;
+                int64_t r39 = v1;
+                for (; r39 + 16 <= d_D; r39 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i28 = r31 + l;
-                        const float v32 = p_x[ro_x[v23] + i28];
-                        const float v33 = v32 * v32;
-                        lane29[l] += v33;
-                        const float v34 = p_grad_y[ro_grad_y[v23] + i28];
-                        const float v35 = p_w[i28 * st_w_0];
-                        const float v36 = v34 * v35;
-                        const float v37 = p_x[ro_x[v23] + i28];
-                        const float v38 = v36 * v37;
-                        lane30[l] += v38;
+                        const int64_t i34 = r39 + l;
+                        const float v40 = p_x[ro_x[v23] + i34];
+                        const float v41 = v40 * v40;
+                        lane35[l] += v41;
+                        const float v42 = p_grad_y[ro_grad_y[v23] + i34];
+                        const float v43 = p_w[i34 * st_w_0];
+                        const float v44 = v42 * v43;
+                        const float v45 = p_x[ro_x[v23] + i34];
+                        const float v46 = v44 * v45;
+                        lane36[l] += v46;
+                        const float v47 = p_x[ro_x[v29] + i34];
+                        const float v48 = v47 * v47;
+                        lane37[l] += v48;
+                        const float v49 = p_grad_y[ro_grad_y[v29] + i34];
+                        const float v50 = p_w[i34 * st_w_0];
+                        const float v51 = v49 * v50;
+                        const float v52 = p_x[ro_x[v29] + i34];
+                        const float v53 = v51 * v52;
+                        lane38[l] += v53;
                     }
                 }
-                for (int l = 0; r31 + l < d_D; l++) {
+                for (int l = 0; r39 + l < d_D; l++) {
                     {
-                        const int64_t i28 = r31 + l;
-                        const float v39 = p_x[ro_x[v23] + i28];
-                        const float v40 = v39 * v39;
-                        lane29[l] += v40;
-                        const float v41 = p_grad_y[ro_grad_y[v23] + i28];
-                        const float v42 = p_w[i28 * st_w_0];
-                        const float v43 = v41 * v42;
-                        const float v44 = p_x[ro_x[v23] + i28];
-                        const float v45 = v43 * v44;
-                        lane30[l] += v45;
+                        const int64_t i34 = r39 + l;
+                        const float v54 = p_x[ro_x[v23] + i34];
+                        const float v55 = v54 * v54;
+                        lane35[l] += v55;
+                        const float v56 = p_grad_y[ro_grad_y[v23] + i34];
+                        const float v57 = p_w[i34 * st_w_0];
+                        const float v58 = v56 * v57;
+                        const float v59 = p_x[ro_x[v23] + i34];
+                        const float v60 = v58 * v59;
+                        lane36[l] += v60;
+                        const float v61 = p_x[ro_x[v29] + i34];
+                        const float v62 = v61 * v61;
+                        lane37[l] += v62;
+                        const float v63 = p_grad_y[ro_grad_y[v29] + i34];
+                        const float v64 = p_w[i34 * st_w_0];
+                        const float v65 = v63 * v64;
+                        const float v66 = p_x[ro_x[v29] + i34];
+                        const float v67 = v65 * v66;
+                        lane38[l] += v67;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
-                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
-                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
-                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
-                l25 = lane29[0];
-                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
-                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
-                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
-                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
-                l27 = lane30[0];
+                for (int l = 0; l < 8; l++) lane35[l] += lane35[l + 8];
+                for (int l = 0; l < 4; l++) lane35[l] += lane35[l + 4];
+                for (int l = 0; l < 2; l++) lane35[l] += lane35[l + 2];
+                for (int l = 0; l < 1; l++) lane35[l] += lane35[l + 1];
+                l25 = lane35[0];
+                for (int l = 0; l < 8; l++) lane36[l] += lane36[l + 8];
+                for (int l = 0; l < 4; l++) lane36[l] += lane36[l + 4];
+                for (int l = 0; l < 2; l++) lane36[l] += lane36[l + 2];
+                for (int l = 0; l < 1; l++) lane36[l] += lane36[l + 1];
+                l27 = lane36[0];
+                for (int l = 0; l < 8; l++) lane37[l] += lane37[l + 8];
+                for (int l = 0; l < 4; l++) lane37[l] += lane37[l + 4];
+                for (int l = 0; l < 2; l++) lane37[l] += lane37[l + 2];
+                for (int l = 0; l < 1; l++) lane37[l] += lane37[l + 1];
+                l31 = lane37[0];
+                for (int l = 0; l < 8; l++) lane38[l] += lane38[l + 8];
+                for (int l = 0; l < 4; l++) lane38[l] += lane38[l + 4];
+                for (int l = 0; l < 2; l++) lane38[l] += lane38[l + 2];
+                for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
+                l33 = lane38[0];
             }
-            const float v46 = l25;
-            l24 = v46;
-            const float v47 = l27;
-            l26 = v47;
-            const int64_t v48 = 1ll;
-            const int64_t v49 = v23 + v48;
-            float l50 = 0;
-            float l51 = 0;
-            float l52 = 0;
-            float l53 = 0;
+            const float v68 = l25;
+            l24 = v68;
+            const float v69 = l27;
+            l26 = v69;
+            const float v70 = l31;
+            l30 = v70;
+            const float v71 = l33;
+            l32 = v71;
+            const int64_t v72 = 1ll;
+            const int64_t v73 = 0ll;
+            const int64_t v74 = i21 + v72;
+            const int64_t v75 = v74 * v14;
+            const int64_t v76 = v11 + v75;
+            const int64_t v77 = d_N - v72;
+            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
+            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
+            const int64_t v80 = v76 + v28;
+            const int64_t v81 = d_N - v72;
+            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
+            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
             {
-                float lane55[16];
-                for (int l = 0; l < 16; l++) lane55[l] = l ? 0 : l51;
-                float lane56[16];
-                for (int l = 0; l < 16; l++) lane56[l] = l ? 0 : l53;
-                int64_t r57 = v1;
-                for (; r57 + 16 <= d_D; r57 += 16) {
+                int64_t r85 = v1;
+                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(float)) : 0);
+                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
+                for (int64_t i84 = r85; i84 < e86; i84++) {
+                    const float v87 = p_grad_y[ro_grad_y[v23] + i84];
+                    const float v88 = p_x[ro_x[v23] + i84];
+                    const float v89 = v87 * v88;
+                    const float v90 = l24;
+                    const float v91 = v90 / v7;
+                    const float v92 = v91 + v8;
+                    const float v93 = 1.0f / sqrtf(v92);
+                    const float v94 = v89 * v93;
+                    l10[i84] += v94;
+                    const float v95 = p_w[i84 * st_w_0];
+                    const float v96 = v87 * v95;
+                    const float v97 = v96 * v93;
+                    const float v98 = l26;
+                    const float v99 = v98 / v7;
+                    const float v100 = v99 * v93;
+                    const float v101 = v100 * v93;
+                    const float v102 = v101 * v93;
+                    const float v103 = v88 * v102;
+                    const float v104 = v97 - v103;
+                    p_grad_x[ro_grad_x[v23] + i84] = v104;
+                    const float v105 = p_grad_y[ro_grad_y[v29] + i84];
+                    const float v106 = p_x[ro_x[v29] + i84];
+                    const float v107 = v105 * v106;
+                    const float v108 = l30;
+                    const float v109 = v108 / v7;
+                    const float v110 = v109 + v8;
+                    const float v111 = 1.0f / sqrtf(v110);
+                    const float v112 = v107 * v111;
+                    l10[i84] += v112;
+                    const float v113 = p_w[i84 * st_w_0];
+                    const float v114 = v105 * v113;
+                    const float v115 = v114 * v111;
+                    const float v116 = l32;
+                    const float v117 = v116 / v7;
+                    const float v118 = v117 * v111;
+                    const float v119 = v118 * v111;
+                    const float v120 = v119 * v111;
+                    const float v121 = v106 * v120;
+                    const float v122 = v115 - v121;
+                    p_grad_x[ro_grad_x[v29] + i84] = v122;
+                }
+                r85 = e86;
+                for (; r85 + 16 <= d_D; r85 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
+                    _Alignas(64) float stg123[16];
+                    _Alignas(64) float stg124[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i54 = r57 + l;
-                        const float v58 = p_x[ro_x[v49] + i54];
-                        const float v59 = v58 * v58;
-                        lane55[l] += v59;
-                        const float v60 = p_grad_y[ro_grad_y[v49] + i54];
-                        const float v61 = p_w[i54 * st_w_0];
-                        const float v62 = v60 * v61;
-                        const float v63 = p_x[ro_x[v49] + i54];
-                        const float v64 = v62 * v63;
-                        lane56[l] += v64;
+                        const int64_t i84 = r85 + l; (void)i84;
+                        const float v125 = p_grad_y[ro_grad_y[v23] + i84];
+                        const float v126 = p_x[ro_x[v23] + i84];
+                        const float v127 = v125 * v126;
+                        const float v128 = l24;
+                        const float v129 = v128 / v7;
+                        const float v130 = v129 + v8;
+                        const float v131 = 1.0f / sqrtf(v130);
+                        const float v132 = v127 * v131;
+                        l10[i84] += v132;
+                        const float v133 = p_w[i84 * st_w_0];
+                        const float v134 = v125 * v133;
+                        const float v135 = v134 * v131;
+                        const float v136 = l26;
+                        const float v137 = v136 / v7;
+                        const float v138 = v137 * v131;
+                        const float v139 = v138 * v131;
+                        const float v140 = v139 * v131;
+                        const float v141 = v126 * v140;
+                        const float v142 = v135 - v141;
+                        stg123[l] = v142;
+                        const float v143 = p_grad_y[ro_grad_y[v29] + i84];
+                        const float v144 = p_x[ro_x[v29] + i84];
+                        const float v145 = v143 * v144;
+                        const float v146 = l30;
+                        const float v147 = v146 / v7;
+                        const float v148 = v147 + v8;
+                        const float v149 = 1.0f / sqrtf(v148);
+                        const float v150 = v145 * v149;
+                        l10[i84] += v150;
+                        const float v151 = p_w[i84 * st_w_0];
+                        const float v152 = v143 * v151;
+                        const float v153 = v152 * v149;
+                        const float v154 = l32;
+                        const float v155 = v154 / v7;
+                        const float v156 = v155 * v149;
+                        const float v157 = v156 * v149;
+                        const float v158 = v157 * v149;
+                        const float v159 = v144 * v158;
+                        const float v160 = v153 - v159;
+                        stg124[l] = v160;
                     }
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 16, nt_p_grad_x);
                 }
-                for (int l = 0; r57 + l < d_D; l++) {
-                    {
-                        const int64_t i54 = r57 + l;
-                        const float v65 = p_x[ro_x[v49] + i54];
-                        const float v66 = v65 * v65;
-                        lane55[l] += v66;
-                        const float v67 = p_grad_y[ro_grad_y[v49] + i54];
-                        const float v68 = p_w[i54 * st_w_0];
-                        const float v69 = v67 * v68;
-                        const float v70 = p_x[ro_x[v49] + i54];
-                        const float v71 = v69 * v70;
-                        lane56[l] += v71;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
-                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
-                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
-                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
-                l51 = lane55[0];
-                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
-                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
-                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
-                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
-                l53 = lane56[0];
-            }
-            const float v72 = l51;
-            l50 = v72;
-            const float v73 = l53;
-            l52 = v73;
-            const int64_t v74 = 1ll;
-            const int64_t v75 = 0ll;
-            const int64_t v76 = i21 + v74;
-            const int64_t v77 = v76 * v14;
-            const int64_t v78 = v11 + v77;
-            const int64_t v79 = d_N - v74;
-            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
-            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
-            const int64_t v82 = v78 + v48;
-            const int64_t v83 = d_N - v74;
-            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
-            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
-            {
-                int64_t r87 = v1;
-                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(float)) : 0);
-                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
-                for (int64_t i86 = r87; i86 < e88; i86++) {
-                    const float v89 = p_grad_y[ro_grad_y[v23] + i86];
-                    const float v90 = p_x[ro_x[v23] + i86];
-                    const float v91 = v89 * v90;
-                    const float v92 = l24;
-                    const float v93 = v92 / v7;
-                    const float v94 = v93 + v8;
-                    const float v95 = 1.0f / sqrtf(v94);
-                    const float v96 = v91 * v95;
-                    l10[i86] += v96;
-                    const float v97 = p_w[i86 * st_w_0];
-                    const float v98 = v89 * v97;
-                    const float v99 = v98 * v95;
-                    const float v100 = l26;
-                    const float v101 = v100 / v7;
-                    const float v102 = v101 * v95;
-                    const float v103 = v102 * v95;
-                    const float v104 = v103 * v95;
-                    const float v105 = v90 * v104;
-                    const float v106 = v99 - v105;
-                    p_grad_x[ro_grad_x[v23] + i86] = v106;
-                    const float v107 = p_grad_y[ro_grad_y[v49] + i86];
-                    const float v108 = p_x[ro_x[v49] + i86];
-                    const float v109 = v107 * v108;
-                    const float v110 = l50;
-                    const float v111 = v110 / v7;
-                    const float v112 = v111 + v8;
-                    const float v113 = 1.0f / sqrtf(v112);
-                    const float v114 = v109 * v113;
-                    l10[i86] += v114;
-                    const float v115 = p_w[i86 * st_w_0];
-                    const float v116 = v107 * v115;
-                    const float v117 = v116 * v113;
-                    const float v118 = l52;
-                    const float v119 = v118 / v7;
-                    const float v120 = v119 * v113;
-                    const float v121 = v120 * v113;
-                    const float v122 = v121 * v113;
-                    const float v123 = v108 * v122;
-                    const float v124 = v117 - v123;
-                    p_grad_x[ro_grad_x[v49] + i86] = v124;
-                }
-                r87 = e88;
-                for (; r87 + 16 <= d_D; r87 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
-                    _Alignas(64) float stg125[16];
-                    _Alignas(64) float stg126[16];
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i86 = r87 + l; (void)i86;
-                        const float v127 = p_grad_y[ro_grad_y[v23] + i86];
-                        const float v128 = p_x[ro_x[v23] + i86];
-                        const float v129 = v127 * v128;
-                        const float v130 = l24;
-                        const float v131 = v130 / v7;
-                        const float v132 = v131 + v8;
-                        const float v133 = 1.0f / sqrtf(v132);
-                        const float v134 = v129 * v133;
-                        l10[i86] += v134;
-                        const float v135 = p_w[i86 * st_w_0];
-                        const float v136 = v127 * v135;
-                        const float v137 = v136 * v133;
-                        const float v138 = l26;
-                        const float v139 = v138 / v7;
-                        const float v140 = v139 * v133;
-                        const float v141 = v140 * v133;
-                        const float v142 = v141 * v133;
-                        const float v143 = v128 * v142;
-                        const float v144 = v137 - v143;
-                        stg125[l] = v144;
-                        const float v145 = p_grad_y[ro_grad_y[v49] + i86];
-                        const float v146 = p_x[ro_x[v49] + i86];
-                        const float v147 = v145 * v146;
-                        const float v148 = l50;
-                        const float v149 = v148 / v7;
-                        const float v150 = v149 + v8;
-                        const float v151 = 1.0f / sqrtf(v150);
-                        const float v152 = v147 * v151;
-                        l10[i86] += v152;
-                        const float v153 = p_w[i86 * st_w_0];
-                        const float v154 = v145 * v153;
-                        const float v155 = v154 * v151;
-                        const float v156 = l52;
-                        const float v157 = v156 / v7;
-                        const float v158 = v157 * v151;
-                        const float v159 = v158 * v151;
-                        const float v160 = v159 * v151;
-                        const float v161 = v146 * v160;
-                        const float v162 = v155 - v161;
-                        stg126[l] = v162;
-                    }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 16, nt_p_grad_x);
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 16, nt_p_grad_x);
-                }
-                for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v163 = p_grad_y[ro_grad_y[v23] + i86];
-                    const float v164 = p_x[ro_x[v23] + i86];
-                    const float v165 = v163 * v164;
-                    const float v166 = l24;
-                    const float v167 = v166 / v7;
-                    const float v168 = v167 + v8;
-                    const float v169 = 1.0f / sqrtf(v168);
-                    const float v170 = v165 * v169;
-                    l10[i86] += v170;
-                    const float v171 = p_w[i86 * st_w_0];
-                    const float v172 = v163 * v171;
-                    const float v173 = v172 * v169;
-                    const float v174 = l26;
-                    const float v175 = v174 / v7;
-                    const float v176 = v175 * v169;
-                    const float v177 = v176 * v169;
-                    const float v178 = v177 * v169;
-                    const float v179 = v164 * v178;
-                    const float v180 = v173 - v179;
-                    p_grad_x[ro_grad_x[v23] + i86] = v180;
-                    const float v181 = p_grad_y[ro_grad_y[v49] + i86];
-                    const float v182 = p_x[ro_x[v49] + i86];
-                    const float v183 = v181 * v182;
-                    const float v184 = l50;
-                    const float v185 = v184 / v7;
-                    const float v186 = v185 + v8;
-                    const float v187 = 1.0f / sqrtf(v186);
-                    const float v188 = v183 * v187;
-                    l10[i86] += v188;
-                    const float v189 = p_w[i86 * st_w_0];
-                    const float v190 = v181 * v189;
-                    const float v191 = v190 * v187;
-                    const float v192 = l52;
-                    const float v193 = v192 / v7;
-                    const float v194 = v193 * v187;
-                    const float v195 = v194 * v187;
-                    const float v196 = v195 * v187;
-                    const float v197 = v182 * v196;
-                    const float v198 = v191 - v197;
-                    p_grad_x[ro_grad_x[v49] + i86] = v198;
+                for (int64_t i84 = r85; i84 < d_D; i84++) {
+                    const float v161 = p_grad_y[ro_grad_y[v23] + i84];
+                    const float v162 = p_x[ro_x[v23] + i84];
+                    const float v163 = v161 * v162;
+                    const float v164 = l24;
+                    const float v165 = v164 / v7;
+                    const float v166 = v165 + v8;
+                    const float v167 = 1.0f / sqrtf(v166);
+                    const float v168 = v163 * v167;
+                    l10[i84] += v168;
+                    const float v169 = p_w[i84 * st_w_0];
+                    const float v170 = v161 * v169;
+                    const float v171 = v170 * v167;
+                    const float v172 = l26;
+                    const float v173 = v172 / v7;
+                    const float v174 = v173 * v167;
+                    const float v175 = v174 * v167;
+                    const float v176 = v175 * v167;
+                    const float v177 = v162 * v176;
+                    const float v178 = v171 - v177;
+                    p_grad_x[ro_grad_x[v23] + i84] = v178;
+                    const float v179 = p_grad_y[ro_grad_y[v29] + i84];
+                    const float v180 = p_x[ro_x[v29] + i84];
+                    const float v181 = v179 * v180;
+                    const float v182 = l30;
+                    const float v183 = v182 / v7;
+                    const float v184 = v183 + v8;
+                    const float v185 = 1.0f / sqrtf(v184);
+                    const float v186 = v181 * v185;
+                    l10[i84] += v186;
+                    const float v187 = p_w[i84 * st_w_0];
+                    const float v188 = v179 * v187;
+                    const float v189 = v188 * v185;
+                    const float v190 = l32;
+                    const float v191 = v190 / v7;
+                    const float v192 = v191 * v185;
+                    const float v193 = v192 * v185;
+                    const float v194 = v193 * v185;
+                    const float v195 = v180 * v194;
+                    const float v196 = v189 - v195;
+                    p_grad_x[ro_grad_x[v29] + i84] = v196;
                 }
             }
         }
-        for (int64_t i199 = v20; i199 < v13; i199++) {
+        for (int64_t i197 = v20; i197 < v13; i197++) {
+            float l198 = 0;
+            float l199 = 0;
             float l200 = 0;
             float l201 = 0;
-            float l202 = 0;
-            float l203 = 0;
             {
-                float lane205[16];
-                for (int l = 0; l < 16; l++) lane205[l] = l ? 0 : l201;
-                float lane206[16];
-                for (int l = 0; l < 16; l++) lane206[l] = l ? 0 : l203;
-                int64_t r207 = v1;
-                for (; r207 + 16 <= d_D; r207 += 16) {
+                float lane203[16];
+                for (int l = 0; l < 16; l++) lane203[l] = l ? 0 : l199;
+                float lane204[16];
+                for (int l = 0; l < 16; l++) lane204[l] = l ? 0 : l201;
+                int64_t r205 = v1;
+                for (; r205 + 16 <= d_D; r205 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i204 = r207 + l;
-                        const float v208 = p_x[ro_x[i199] + i204];
-                        const float v209 = v208 * v208;
-                        lane205[l] += v209;
-                        const float v210 = p_grad_y[ro_grad_y[i199] + i204];
-                        const float v211 = p_w[i204 * st_w_0];
+                        const int64_t i202 = r205 + l;
+                        const float v206 = p_x[ro_x[i197] + i202];
+                        const float v207 = v206 * v206;
+                        lane203[l] += v207;
+                        const float v208 = p_grad_y[ro_grad_y[i197] + i202];
+                        const float v209 = p_w[i202 * st_w_0];
+                        const float v210 = v208 * v209;
+                        const float v211 = p_x[ro_x[i197] + i202];
                         const float v212 = v210 * v211;
-                        const float v213 = p_x[ro_x[i199] + i204];
-                        const float v214 = v212 * v213;
-                        lane206[l] += v214;
+                        lane204[l] += v212;
                     }
                 }
-                for (int l = 0; r207 + l < d_D; l++) {
+                for (int l = 0; r205 + l < d_D; l++) {
                     {
-                        const int64_t i204 = r207 + l;
-                        const float v215 = p_x[ro_x[i199] + i204];
-                        const float v216 = v215 * v215;
-                        lane205[l] += v216;
-                        const float v217 = p_grad_y[ro_grad_y[i199] + i204];
-                        const float v218 = p_w[i204 * st_w_0];
+                        const int64_t i202 = r205 + l;
+                        const float v213 = p_x[ro_x[i197] + i202];
+                        const float v214 = v213 * v213;
+                        lane203[l] += v214;
+                        const float v215 = p_grad_y[ro_grad_y[i197] + i202];
+                        const float v216 = p_w[i202 * st_w_0];
+                        const float v217 = v215 * v216;
+                        const float v218 = p_x[ro_x[i197] + i202];
                         const float v219 = v217 * v218;
-                        const float v220 = p_x[ro_x[i199] + i204];
-                        const float v221 = v219 * v220;
-                        lane206[l] += v221;
+                        lane204[l] += v219;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
-                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
-                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
-                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
-                l201 = lane205[0];
-                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
-                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
-                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
-                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
-                l203 = lane206[0];
+                for (int l = 0; l < 8; l++) lane203[l] += lane203[l + 8];
+                for (int l = 0; l < 4; l++) lane203[l] += lane203[l + 4];
+                for (int l = 0; l < 2; l++) lane203[l] += lane203[l + 2];
+                for (int l = 0; l < 1; l++) lane203[l] += lane203[l + 1];
+                l199 = lane203[0];
+                for (int l = 0; l < 8; l++) lane204[l] += lane204[l + 8];
+                for (int l = 0; l < 4; l++) lane204[l] += lane204[l + 4];
+                for (int l = 0; l < 2; l++) lane204[l] += lane204[l + 2];
+                for (int l = 0; l < 1; l++) lane204[l] += lane204[l + 1];
+                l201 = lane204[0];
             }
-            const float v222 = l201;
-            l200 = v222;
-            const float v223 = l203;
-            l202 = v223;
-            const int64_t v224 = 1ll;
-            const int64_t v225 = 0ll;
-            const int64_t v226 = i199 + v224;
-            const int64_t v227 = d_N - v224;
-            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
-            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            const float v220 = l199;
+            l198 = v220;
+            const float v221 = l201;
+            l200 = v221;
+            const int64_t v222 = 1ll;
+            const int64_t v223 = 0ll;
+            const int64_t v224 = i197 + v222;
+            const int64_t v225 = d_N - v222;
+            const int64_t v226 = ((v224 < v225 || v224 != v224) ? v224 : v225);
+            const int64_t v227 = ((v226 > v223 || v226 != v226) ? v226 : v223);
             {
-                int64_t r231 = v1;
-                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(float)) : 0);
-                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
-                for (int64_t i230 = r231; i230 < e232; i230++) {
-                    const float v233 = p_grad_y[ro_grad_y[i199] + i230];
-                    const float v234 = p_x[ro_x[i199] + i230];
-                    const float v235 = v233 * v234;
-                    const float v236 = l200;
-                    const float v237 = v236 / v7;
-                    const float v238 = v237 + v8;
-                    const float v239 = 1.0f / sqrtf(v238);
-                    const float v240 = v235 * v239;
-                    l10[i230] += v240;
-                    const float v241 = p_w[i230 * st_w_0];
-                    const float v242 = v233 * v241;
-                    const float v243 = v242 * v239;
-                    const float v244 = l202;
-                    const float v245 = v244 / v7;
-                    const float v246 = v245 * v239;
-                    const float v247 = v246 * v239;
-                    const float v248 = v247 * v239;
-                    const float v249 = v234 * v248;
-                    const float v250 = v243 - v249;
-                    p_grad_x[ro_grad_x[i199] + i230] = v250;
+                int64_t r229 = v1;
+                int64_t e230 = r229 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i197] + r229] & 63)) & 63) / sizeof(float)) : 0);
+                if (e230 > d_D) e230 = d_D > r229 ? d_D : r229;
+                for (int64_t i228 = r229; i228 < e230; i228++) {
+                    const float v231 = p_grad_y[ro_grad_y[i197] + i228];
+                    const float v232 = p_x[ro_x[i197] + i228];
+                    const float v233 = v231 * v232;
+                    const float v234 = l198;
+                    const float v235 = v234 / v7;
+                    const float v236 = v235 + v8;
+                    const float v237 = 1.0f / sqrtf(v236);
+                    const float v238 = v233 * v237;
+                    l10[i228] += v238;
+                    const float v239 = p_w[i228 * st_w_0];
+                    const float v240 = v231 * v239;
+                    const float v241 = v240 * v237;
+                    const float v242 = l200;
+                    const float v243 = v242 / v7;
+                    const float v244 = v243 * v237;
+                    const float v245 = v244 * v237;
+                    const float v246 = v245 * v237;
+                    const float v247 = v232 * v246;
+                    const float v248 = v241 - v247;
+                    p_grad_x[ro_grad_x[i197] + i228] = v248;
                 }
-                r231 = e232;
-                for (; r231 + 16 <= d_D; r231 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
-                    _Alignas(64) float stg251[16];
+                r229 = e230;
+                for (; r229 + 16 <= d_D; r229 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i197] + r229, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v227] + r229, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v227] + r229, 0);
+                    _Alignas(64) float stg249[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i230 = r231 + l; (void)i230;
-                        const float v252 = p_grad_y[ro_grad_y[i199] + i230];
-                        const float v253 = p_x[ro_x[i199] + i230];
-                        const float v254 = v252 * v253;
-                        const float v255 = l200;
-                        const float v256 = v255 / v7;
-                        const float v257 = v256 + v8;
-                        const float v258 = 1.0f / sqrtf(v257);
-                        const float v259 = v254 * v258;
-                        l10[i230] += v259;
-                        const float v260 = p_w[i230 * st_w_0];
-                        const float v261 = v252 * v260;
-                        const float v262 = v261 * v258;
-                        const float v263 = l202;
-                        const float v264 = v263 / v7;
-                        const float v265 = v264 * v258;
-                        const float v266 = v265 * v258;
-                        const float v267 = v266 * v258;
-                        const float v268 = v253 * v267;
-                        const float v269 = v262 - v268;
-                        stg251[l] = v269;
+                        const int64_t i228 = r229 + l; (void)i228;
+                        const float v250 = p_grad_y[ro_grad_y[i197] + i228];
+                        const float v251 = p_x[ro_x[i197] + i228];
+                        const float v252 = v250 * v251;
+                        const float v253 = l198;
+                        const float v254 = v253 / v7;
+                        const float v255 = v254 + v8;
+                        const float v256 = 1.0f / sqrtf(v255);
+                        const float v257 = v252 * v256;
+                        l10[i228] += v257;
+                        const float v258 = p_w[i228 * st_w_0];
+                        const float v259 = v250 * v258;
+                        const float v260 = v259 * v256;
+                        const float v261 = l200;
+                        const float v262 = v261 / v7;
+                        const float v263 = v262 * v256;
+                        const float v264 = v263 * v256;
+                        const float v265 = v264 * v256;
+                        const float v266 = v251 * v265;
+                        const float v267 = v260 - v266;
+                        stg249[l] = v267;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i197] + r229], 1, stg249, 16, nt_p_grad_x);
                 }
-                for (int64_t i230 = r231; i230 < d_D; i230++) {
-                    const float v270 = p_grad_y[ro_grad_y[i199] + i230];
-                    const float v271 = p_x[ro_x[i199] + i230];
-                    const float v272 = v270 * v271;
-                    const float v273 = l200;
-                    const float v274 = v273 / v7;
-                    const float v275 = v274 + v8;
-                    const float v276 = 1.0f / sqrtf(v275);
-                    const float v277 = v272 * v276;
-                    l10[i230] += v277;
-                    const float v278 = p_w[i230 * st_w_0];
-                    const float v279 = v270 * v278;
-                    const float v280 = v279 * v276;
-                    const float v281 = l202;
-                    const float v282 = v281 / v7;
-                    const float v283 = v282 * v276;
-                    const float v284 = v283 * v276;
-                    const float v285 = v284 * v276;
-                    const float v286 = v271 * v285;
-                    const float v287 = v280 - v286;
-                    p_grad_x[ro_grad_x[i199] + i230] = v287;
+                for (int64_t i228 = r229; i228 < d_D; i228++) {
+                    const float v268 = p_grad_y[ro_grad_y[i197] + i228];
+                    const float v269 = p_x[ro_x[i197] + i228];
+                    const float v270 = v268 * v269;
+                    const float v271 = l198;
+                    const float v272 = v271 / v7;
+                    const float v273 = v272 + v8;
+                    const float v274 = 1.0f / sqrtf(v273);
+                    const float v275 = v270 * v274;
+                    l10[i228] += v275;
+                    const float v276 = p_w[i228 * st_w_0];
+                    const float v277 = v268 * v276;
+                    const float v278 = v277 * v274;
+                    const float v279 = l200;
+                    const float v280 = v279 / v7;
+                    const float v281 = v280 * v274;
+                    const float v282 = v281 * v274;
+                    const float v283 = v282 * v274;
+                    const float v284 = v269 * v283;
+                    const float v285 = v278 - v284;
+                    p_grad_x[ro_grad_x[i197] + i228] = v285;
                 }
             }
         }
-        for (int64_t i288 = v1; i288 < d_D; i288++) {
-            const float v289 = l10[i288];
-            t5[i9 * d_D + i288] = v289;
+        for (int64_t i286 = v1; i286 < d_D; i286++) {
+            const float v287 = l10[i286];
+            t5[i9 * d_D + i286] = v287;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v290 = 64ll;
-    const int64_t v291 = 0ll;
-    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v288 = 64ll;
+    const int64_t v289 = 0ll;
+    const int64_t v290 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i293 = v291; i293 < v292; i293++) {
-        const int64_t v294 = i293 * v290;
-        const int64_t v295 = d_D - v294;
-        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
-        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l297, sizeof(float) * (size_t)64ll);
-        const int64_t v298 = 2ll;
-        const int64_t v299 = 0ll;
-        const int64_t v300 = v4 - v1;
-        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
-        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
-        const int64_t v303 = v302 * v298;
-        const int64_t v304 = v1 + v303;
-        for (int64_t i305 = v299; i305 < v302; i305++) {
-            const int64_t v306 = i305 * v298;
-            const int64_t v307 = v1 + v306;
-            const int64_t v308 = 1ll;
-            const int64_t v309 = v307 + v308;
-            for (int64_t i310 = v291; i310 < v296; i310++) {
-                const int64_t v311 = v294 + i310;
+    for (int64_t i291 = v289; i291 < v290; i291++) {
+        const int64_t v292 = i291 * v288;
+        const int64_t v293 = d_D - v292;
+        const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
+        float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l295, sizeof(float) * (size_t)64ll);
+        const int64_t v296 = 2ll;
+        const int64_t v297 = 0ll;
+        const int64_t v298 = v4 - v1;
+        const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
+        const int64_t v300 = (v296 == 0 ? (int64_t)0 : v296 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v299) : (int64_t)(v299 / v296));
+        const int64_t v301 = v300 * v296;
+        const int64_t v302 = v1 + v301;
+        for (int64_t i303 = v297; i303 < v300; i303++) {
+            const int64_t v304 = i303 * v296;
+            const int64_t v305 = v1 + v304;
+            const int64_t v306 = 1ll;
+            const int64_t v307 = v305 + v306;
+            for (int64_t i308 = v289; i308 < v294; i308++) {
+                const int64_t v309 = v292 + i308;
+                const float v310 = t5[v305 * d_D + v309];
+                l295[i308] += v310;
+                const int64_t v311 = v292 + i308;
                 const float v312 = t5[v307 * d_D + v311];
-                l297[i310] += v312;
-                const int64_t v313 = v294 + i310;
-                const float v314 = t5[v309 * d_D + v313];
-                l297[i310] += v314;
+                l295[i308] += v312;
             }
         }
-        for (int64_t i315 = v304; i315 < v4; i315++) {
-            for (int64_t i316 = v291; i316 < v296; i316++) {
-                const int64_t v317 = v294 + i316;
-                const float v318 = t5[i315 * d_D + v317];
-                l297[i316] += v318;
+        for (int64_t i313 = v302; i313 < v4; i313++) {
+            for (int64_t i314 = v289; i314 < v294; i314++) {
+                const int64_t v315 = v292 + i314;
+                const float v316 = t5[i313 * d_D + v315];
+                l295[i314] += v316;
             }
         }
-        for (int64_t i319 = v291; i319 < v296; i319++) {
-            const int64_t v320 = v294 + i319;
-            const float v321 = l297[i319];
-            p_grad_w[v320 * st_grad_w_0] = v321;
+        for (int64_t i317 = v289; i317 < v294; i317++) {
+            const int64_t v318 = v292 + i317;
+            const float v319 = l295[i317];
+            p_grad_w[v318 * st_grad_w_0] = v319;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1687,7 +1648,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1719,467 +1680,454 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             float l25 = 0;
             float l26 = 0;
             float l27 = 0;
+            const int64_t v28 = 1ll;
+            const int64_t v29 = v23 + v28;
+            float l30 = 0;
+            float l31 = 0;
+            float l32 = 0;
+            float l33 = 0;
             {
-                float lane29[16];
-                for (int l = 0; l < 16; l++) lane29[l] = l ? 0 : l25;
-                float lane30[16];
-                for (int l = 0; l < 16; l++) lane30[l] = l ? 0 : l27;
-                int64_t r31 = v1;
-                for (; r31 + 16 <= d_D; r31 += 16) {
+                float lane35[16];
+                for (int l = 0; l < 16; l++) lane35[l] = l ? 0 : l25;
+                float lane36[16];
+                for (int l = 0; l < 16; l++) lane36[l] = l ? 0 : l27;
+                float lane37[16];
+                for (int l = 0; l < 16; l++) lane37[l] = l ? 0 : l31;
+                float lane38[16];
+                for (int l = 0; l < 16; l++) lane38[l] = l ? 0 : l33;
+                int64_t r39 = v1;
+                for (; r39 + 16 <= d_D; r39 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i28 = r31 + l;
-                        const float v32 = p_x[ro_x[v23] + i28];
-                        const float v33 = v32 * v32;
-                        lane29[l] += v33;
-                        const float v34 = p_grad_y[ro_grad_y[v23] + i28];
-                        const float v35 = p_w[i28];
-                        const float v36 = v34 * v35;
-                        const float v37 = p_x[ro_x[v23] + i28];
-                        const float v38 = v36 * v37;
-                        lane30[l] += v38;
+                        const int64_t i34 = r39 + l;
+                        const float v40 = p_x[ro_x[v23] + i34];
+                        const float v41 = v40 * v40;
+                        lane35[l] += v41;
+                        const float v42 = p_grad_y[ro_grad_y[v23] + i34];
+                        const float v43 = p_w[i34];
+                        const float v44 = v42 * v43;
+                        const float v45 = p_x[ro_x[v23] + i34];
+                        const float v46 = v44 * v45;
+                        lane36[l] += v46;
+                        const float v47 = p_x[ro_x[v29] + i34];
+                        const float v48 = v47 * v47;
+                        lane37[l] += v48;
+                        const float v49 = p_grad_y[ro_grad_y[v29] + i34];
+                        const float v50 = p_w[i34];
+                        const float v51 = v49 * v50;
+                        const float v52 = p_x[ro_x[v29] + i34];
+                        const float v53 = v51 * v52;
+                        lane38[l] += v53;
                     }
                 }
-                for (int l = 0; r31 + l < d_D; l++) {
+                for (int l = 0; r39 + l < d_D; l++) {
                     {
-                        const int64_t i28 = r31 + l;
-                        const float v39 = p_x[ro_x[v23] + i28];
-                        const float v40 = v39 * v39;
-                        lane29[l] += v40;
-                        const float v41 = p_grad_y[ro_grad_y[v23] + i28];
-                        const float v42 = p_w[i28];
-                        const float v43 = v41 * v42;
-                        const float v44 = p_x[ro_x[v23] + i28];
-                        const float v45 = v43 * v44;
-                        lane30[l] += v45;
+                        const int64_t i34 = r39 + l;
+                        const float v54 = p_x[ro_x[v23] + i34];
+                        const float v55 = v54 * v54;
+                        lane35[l] += v55;
+                        const float v56 = p_grad_y[ro_grad_y[v23] + i34];
+                        const float v57 = p_w[i34];
+                        const float v58 = v56 * v57;
+                        const float v59 = p_x[ro_x[v23] + i34];
+                        const float v60 = v58 * v59;
+                        lane36[l] += v60;
+                        const float v61 = p_x[ro_x[v29] + i34];
+                        const float v62 = v61 * v61;
+                        lane37[l] += v62;
+                        const float v63 = p_grad_y[ro_grad_y[v29] + i34];
+                        const float v64 = p_w[i34];
+                        const float v65 = v63 * v64;
+                        const float v66 = p_x[ro_x[v29] + i34];
+                        const float v67 = v65 * v66;
+                        lane38[l] += v67;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
-                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
-                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
-                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
-                l25 = lane29[0];
-                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
-                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
-                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
-                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
-                l27 = lane30[0];
+                for (int l = 0; l < 8; l++) lane35[l] += lane35[l + 8];
+                for (int l = 0; l < 4; l++) lane35[l] += lane35[l + 4];
+                for (int l = 0; l < 2; l++) lane35[l] += lane35[l + 2];
+                for (int l = 0; l < 1; l++) lane35[l] += lane35[l + 1];
+                l25 = lane35[0];
+                for (int l = 0; l < 8; l++) lane36[l] += lane36[l + 8];
+                for (int l = 0; l < 4; l++) lane36[l] += lane36[l + 4];
+                for (int l = 0; l < 2; l++) lane36[l] += lane36[l + 2];
+                for (int l = 0; l < 1; l++) lane36[l] += lane36[l + 1];
+                l27 = lane36[0];
+                for (int l = 0; l < 8; l++) lane37[l] += lane37[l + 8];
+                for (int l = 0; l < 4; l++) lane37[l] += lane37[l + 4];
+                for (int l = 0; l < 2; l++) lane37[l] += lane37[l + 2];
+                for (int l = 0; l < 1; l++) lane37[l] += lane37[l + 1];
+                l31 = lane37[0];
+                for (int l = 0; l < 8; l++) lane38[l] += lane38[l + 8];
+                for (int l = 0; l < 4; l++) lane38[l] += lane38[l + 4];
+                for (int l = 0; l < 2; l++) lane38[l] += lane38[l + 2];
+                for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
+                l33 = lane38[0];
             }
-            const float v46 = l25;
-            l24 = v46;
-            const float v47 = l27;
-            l26 = v47;
-            const int64_t v48 = 1ll;
-            const int64_t v49 = v23 + v48;
-            float l50 = 0;
-            float l51 = 0;
-            float l52 = 0;
-            float l53 = 0;
+            const float v68 = l25;
+            l24 = v68;
+            const float v69 = l27;
+            l26 = v69;
+            const float v70 = l31;
+            l30 = v70;
+            const float v71 = l33;
+            l32 = v71;
+            const int64_t v72 = 1ll;
+            const int64_t v73 = 0ll;
+            const int64_t v74 = i21 + v72;
+            const int64_t v75 = v74 * v14;
+            const int64_t v76 = v11 + v75;
+            const int64_t v77 = d_N - v72;
+            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
+            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
+            const int64_t v80 = v76 + v28;
+            const int64_t v81 = d_N - v72;
+            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
+            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
             {
-                float lane55[16];
-                for (int l = 0; l < 16; l++) lane55[l] = l ? 0 : l51;
-                float lane56[16];
-                for (int l = 0; l < 16; l++) lane56[l] = l ? 0 : l53;
-                int64_t r57 = v1;
-                for (; r57 + 16 <= d_D; r57 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i54 = r57 + l;
-                        const float v58 = p_x[ro_x[v49] + i54];
-                        const float v59 = v58 * v58;
-                        lane55[l] += v59;
-                        const float v60 = p_grad_y[ro_grad_y[v49] + i54];
-                        const float v61 = p_w[i54];
-                        const float v62 = v60 * v61;
-                        const float v63 = p_x[ro_x[v49] + i54];
-                        const float v64 = v62 * v63;
-                        lane56[l] += v64;
-                    }
-                }
-                for (int l = 0; r57 + l < d_D; l++) {
-                    {
-                        const int64_t i54 = r57 + l;
-                        const float v65 = p_x[ro_x[v49] + i54];
-                        const float v66 = v65 * v65;
-                        lane55[l] += v66;
-                        const float v67 = p_grad_y[ro_grad_y[v49] + i54];
-                        const float v68 = p_w[i54];
-                        const float v69 = v67 * v68;
-                        const float v70 = p_x[ro_x[v49] + i54];
-                        const float v71 = v69 * v70;
-                        lane56[l] += v71;
-                    }
-                }
-                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
-                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
-                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
-                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
-                l51 = lane55[0];
-                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
-                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
-                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
-                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
-                l53 = lane56[0];
-            }
-            const float v72 = l51;
-            l50 = v72;
-            const float v73 = l53;
-            l52 = v73;
-            const int64_t v74 = 1ll;
-            const int64_t v75 = 0ll;
-            const int64_t v76 = i21 + v74;
-            const int64_t v77 = v76 * v14;
-            const int64_t v78 = v11 + v77;
-            const int64_t v79 = d_N - v74;
-            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
-            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
-            const int64_t v82 = v78 + v48;
-            const int64_t v83 = d_N - v74;
-            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
-            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
-            {
-                int64_t r87 = v1;
-                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(float)) : 0);
-                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
+                int64_t r85 = v1;
+                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(float)) : 0);
+                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
                 #pragma omp simd
-                for (int64_t i86 = r87; i86 < e88; i86++) {
-                    const float v89 = p_grad_y[ro_grad_y[v23] + i86];
-                    const float v90 = p_x[ro_x[v23] + i86];
-                    const float v91 = v89 * v90;
-                    const float v92 = l24;
-                    const float v93 = v92 / v7;
-                    const float v94 = v93 + v8;
-                    const float v95 = 1.0f / sqrtf(v94);
-                    const float v96 = v91 * v95;
-                    l10[i86] += v96;
-                    const float v97 = p_w[i86];
-                    const float v98 = v89 * v97;
-                    const float v99 = v98 * v95;
-                    const float v100 = l26;
-                    const float v101 = v100 / v7;
-                    const float v102 = v101 * v95;
-                    const float v103 = v102 * v95;
-                    const float v104 = v103 * v95;
-                    const float v105 = v90 * v104;
-                    const float v106 = v99 - v105;
-                    p_grad_x[ro_grad_x[v23] + i86] = v106;
-                    const float v107 = p_grad_y[ro_grad_y[v49] + i86];
-                    const float v108 = p_x[ro_x[v49] + i86];
-                    const float v109 = v107 * v108;
-                    const float v110 = l50;
-                    const float v111 = v110 / v7;
-                    const float v112 = v111 + v8;
-                    const float v113 = 1.0f / sqrtf(v112);
-                    const float v114 = v109 * v113;
-                    l10[i86] += v114;
-                    const float v115 = p_w[i86];
-                    const float v116 = v107 * v115;
-                    const float v117 = v116 * v113;
-                    const float v118 = l52;
-                    const float v119 = v118 / v7;
-                    const float v120 = v119 * v113;
-                    const float v121 = v120 * v113;
-                    const float v122 = v121 * v113;
-                    const float v123 = v108 * v122;
-                    const float v124 = v117 - v123;
-                    p_grad_x[ro_grad_x[v49] + i86] = v124;
+                for (int64_t i84 = r85; i84 < e86; i84++) {
+                    const float v87 = p_grad_y[ro_grad_y[v23] + i84];
+                    const float v88 = p_x[ro_x[v23] + i84];
+                    const float v89 = v87 * v88;
+                    const float v90 = l24;
+                    const float v91 = v90 / v7;
+                    const float v92 = v91 + v8;
+                    const float v93 = 1.0f / sqrtf(v92);
+                    const float v94 = v89 * v93;
+                    l10[i84] += v94;
+                    const float v95 = p_w[i84];
+                    const float v96 = v87 * v95;
+                    const float v97 = v96 * v93;
+                    const float v98 = l26;
+                    const float v99 = v98 / v7;
+                    const float v100 = v99 * v93;
+                    const float v101 = v100 * v93;
+                    const float v102 = v101 * v93;
+                    const float v103 = v88 * v102;
+                    const float v104 = v97 - v103;
+                    p_grad_x[ro_grad_x[v23] + i84] = v104;
+                    const float v105 = p_grad_y[ro_grad_y[v29] + i84];
+                    const float v106 = p_x[ro_x[v29] + i84];
+                    const float v107 = v105 * v106;
+                    const float v108 = l30;
+                    const float v109 = v108 / v7;
+                    const float v110 = v109 + v8;
+                    const float v111 = 1.0f / sqrtf(v110);
+                    const float v112 = v107 * v111;
+                    l10[i84] += v112;
+                    const float v113 = p_w[i84];
+                    const float v114 = v105 * v113;
+                    const float v115 = v114 * v111;
+                    const float v116 = l32;
+                    const float v117 = v116 / v7;
+                    const float v118 = v117 * v111;
+                    const float v119 = v118 * v111;
+                    const float v120 = v119 * v111;
+                    const float v121 = v106 * v120;
+                    const float v122 = v115 - v121;
+                    p_grad_x[ro_grad_x[v29] + i84] = v122;
                 }
-                r87 = e88;
-                for (; r87 + 16 <= d_D; r87 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
-                    _Alignas(64) float stg125[16];
-                    _Alignas(64) float stg126[16];
+                r85 = e86;
+                for (; r85 + 16 <= d_D; r85 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
+                    _Alignas(64) float stg123[16];
+                    _Alignas(64) float stg124[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i86 = r87 + l; (void)i86;
-                        const float v127 = p_grad_y[ro_grad_y[v23] + i86];
-                        const float v128 = p_x[ro_x[v23] + i86];
-                        const float v129 = v127 * v128;
-                        const float v130 = l24;
-                        const float v131 = v130 / v7;
-                        const float v132 = v131 + v8;
-                        const float v133 = 1.0f / sqrtf(v132);
-                        const float v134 = v129 * v133;
-                        l10[i86] += v134;
-                        const float v135 = p_w[i86];
-                        const float v136 = v127 * v135;
-                        const float v137 = v136 * v133;
-                        const float v138 = l26;
-                        const float v139 = v138 / v7;
-                        const float v140 = v139 * v133;
-                        const float v141 = v140 * v133;
-                        const float v142 = v141 * v133;
-                        const float v143 = v128 * v142;
-                        const float v144 = v137 - v143;
-                        stg125[l] = v144;
-                        const float v145 = p_grad_y[ro_grad_y[v49] + i86];
-                        const float v146 = p_x[ro_x[v49] + i86];
-                        const float v147 = v145 * v146;
-                        const float v148 = l50;
-                        const float v149 = v148 / v7;
-                        const float v150 = v149 + v8;
-                        const float v151 = 1.0f / sqrtf(v150);
-                        const float v152 = v147 * v151;
-                        l10[i86] += v152;
-                        const float v153 = p_w[i86];
-                        const float v154 = v145 * v153;
-                        const float v155 = v154 * v151;
-                        const float v156 = l52;
-                        const float v157 = v156 / v7;
-                        const float v158 = v157 * v151;
-                        const float v159 = v158 * v151;
-                        const float v160 = v159 * v151;
-                        const float v161 = v146 * v160;
-                        const float v162 = v155 - v161;
-                        stg126[l] = v162;
+                        const int64_t i84 = r85 + l; (void)i84;
+                        const float v125 = p_grad_y[ro_grad_y[v23] + i84];
+                        const float v126 = p_x[ro_x[v23] + i84];
+                        const float v127 = v125 * v126;
+                        const float v128 = l24;
+                        const float v129 = v128 / v7;
+                        const float v130 = v129 + v8;
+                        const float v131 = 1.0f / sqrtf(v130);
+                        const float v132 = v127 * v131;
+                        l10[i84] += v132;
+                        const float v133 = p_w[i84];
+                        const float v134 = v125 * v133;
+                        const float v135 = v134 * v131;
+                        const float v136 = l26;
+                        const float v137 = v136 / v7;
+                        const float v138 = v137 * v131;
+                        const float v139 = v138 * v131;
+                        const float v140 = v139 * v131;
+                        const float v141 = v126 * v140;
+                        const float v142 = v135 - v141;
+                        stg123[l] = v142;
+                        const float v143 = p_grad_y[ro_grad_y[v29] + i84];
+                        const float v144 = p_x[ro_x[v29] + i84];
+                        const float v145 = v143 * v144;
+                        const float v146 = l30;
+                        const float v147 = v146 / v7;
+                        const float v148 = v147 + v8;
+                        const float v149 = 1.0f / sqrtf(v148);
+                        const float v150 = v145 * v149;
+                        l10[i84] += v150;
+                        const float v151 = p_w[i84];
+                        const float v152 = v143 * v151;
+                        const float v153 = v152 * v149;
+                        const float v154 = l32;
+                        const float v155 = v154 / v7;
+                        const float v156 = v155 * v149;
+                        const float v157 = v156 * v149;
+                        const float v158 = v157 * v149;
+                        const float v159 = v144 * v158;
+                        const float v160 = v153 - v159;
+                        stg124[l] = v160;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 16, nt_p_grad_x);
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 16, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v163 = p_grad_y[ro_grad_y[v23] + i86];
-                    const float v164 = p_x[ro_x[v23] + i86];
-                    const float v165 = v163 * v164;
-                    const float v166 = l24;
-                    const float v167 = v166 / v7;
-                    const float v168 = v167 + v8;
-                    const float v169 = 1.0f / sqrtf(v168);
-                    const float v170 = v165 * v169;
-                    l10[i86] += v170;
-                    const float v171 = p_w[i86];
-                    const float v172 = v163 * v171;
-                    const float v173 = v172 * v169;
-                    const float v174 = l26;
-                    const float v175 = v174 / v7;
-                    const float v176 = v175 * v169;
-                    const float v177 = v176 * v169;
-                    const float v178 = v177 * v169;
-                    const float v179 = v164 * v178;
-                    const float v180 = v173 - v179;
-                    p_grad_x[ro_grad_x[v23] + i86] = v180;
-                    const float v181 = p_grad_y[ro_grad_y[v49] + i86];
-                    const float v182 = p_x[ro_x[v49] + i86];
-                    const float v183 = v181 * v182;
-                    const float v184 = l50;
-                    const float v185 = v184 / v7;
-                    const float v186 = v185 + v8;
-                    const float v187 = 1.0f / sqrtf(v186);
-                    const float v188 = v183 * v187;
-                    l10[i86] += v188;
-                    const float v189 = p_w[i86];
-                    const float v190 = v181 * v189;
-                    const float v191 = v190 * v187;
-                    const float v192 = l52;
-                    const float v193 = v192 / v7;
-                    const float v194 = v193 * v187;
-                    const float v195 = v194 * v187;
-                    const float v196 = v195 * v187;
-                    const float v197 = v182 * v196;
-                    const float v198 = v191 - v197;
-                    p_grad_x[ro_grad_x[v49] + i86] = v198;
+                for (int64_t i84 = r85; i84 < d_D; i84++) {
+                    const float v161 = p_grad_y[ro_grad_y[v23] + i84];
+                    const float v162 = p_x[ro_x[v23] + i84];
+                    const float v163 = v161 * v162;
+                    const float v164 = l24;
+                    const float v165 = v164 / v7;
+                    const float v166 = v165 + v8;
+                    const float v167 = 1.0f / sqrtf(v166);
+                    const float v168 = v163 * v167;
+                    l10[i84] += v168;
+                    const float v169 = p_w[i84];
+                    const float v170 = v161 * v169;
+                    const float v171 = v170 * v167;
+                    const float v172 = l26;
+                    const float v173 = v172 / v7;
+                    const float v174 = v173 * v167;
+                    const float v175 = v174 * v167;
+                    const float v176 = v175 * v167;
+                    const float v177 = v162 * v176;
+                    const float v178 = v171 - v177;
+                    p_grad_x[ro_grad_x[v23] + i84] = v178;
+                    const float v179 = p_grad_y[ro_grad_y[v29] + i84];
+                    const float v180 = p_x[ro_x[v29] + i84];
+                    const float v181 = v179 * v180;
+                    const float v182 = l30;
+                    const float v183 = v182 / v7;
+                    const float v184 = v183 + v8;
+                    const float v185 = 1.0f / sqrtf(v184);
+                    const float v186 = v181 * v185;
+                    l10[i84] += v186;
+                    const float v187 = p_w[i84];
+                    const float v188 = v179 * v187;
+                    const float v189 = v188 * v185;
+                    const float v190 = l32;
+                    const float v191 = v190 / v7;
+                    const float v192 = v191 * v185;
+                    const float v193 = v192 * v185;
+                    const float v194 = v193 * v185;
+                    const float v195 = v180 * v194;
+                    const float v196 = v189 - v195;
+                    p_grad_x[ro_grad_x[v29] + i84] = v196;
                 }
             }
         }
-        for (int64_t i199 = v20; i199 < v13; i199++) {
+        for (int64_t i197 = v20; i197 < v13; i197++) {
+            float l198 = 0;
+            float l199 = 0;
             float l200 = 0;
             float l201 = 0;
-            float l202 = 0;
-            float l203 = 0;
             {
-                float lane205[16];
-                for (int l = 0; l < 16; l++) lane205[l] = l ? 0 : l201;
-                float lane206[16];
-                for (int l = 0; l < 16; l++) lane206[l] = l ? 0 : l203;
-                int64_t r207 = v1;
-                for (; r207 + 16 <= d_D; r207 += 16) {
+                float lane203[16];
+                for (int l = 0; l < 16; l++) lane203[l] = l ? 0 : l199;
+                float lane204[16];
+                for (int l = 0; l < 16; l++) lane204[l] = l ? 0 : l201;
+                int64_t r205 = v1;
+                for (; r205 + 16 <= d_D; r205 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i204 = r207 + l;
-                        const float v208 = p_x[ro_x[i199] + i204];
-                        const float v209 = v208 * v208;
-                        lane205[l] += v209;
-                        const float v210 = p_grad_y[ro_grad_y[i199] + i204];
-                        const float v211 = p_w[i204];
+                        const int64_t i202 = r205 + l;
+                        const float v206 = p_x[ro_x[i197] + i202];
+                        const float v207 = v206 * v206;
+                        lane203[l] += v207;
+                        const float v208 = p_grad_y[ro_grad_y[i197] + i202];
+                        const float v209 = p_w[i202];
+                        const float v210 = v208 * v209;
+                        const float v211 = p_x[ro_x[i197] + i202];
                         const float v212 = v210 * v211;
-                        const float v213 = p_x[ro_x[i199] + i204];
-                        const float v214 = v212 * v213;
-                        lane206[l] += v214;
+                        lane204[l] += v212;
                     }
                 }
-                for (int l = 0; r207 + l < d_D; l++) {
+                for (int l = 0; r205 + l < d_D; l++) {
                     {
-                        const int64_t i204 = r207 + l;
-                        const float v215 = p_x[ro_x[i199] + i204];
-                        const float v216 = v215 * v215;
-                        lane205[l] += v216;
-                        const float v217 = p_grad_y[ro_grad_y[i199] + i204];
-                        const float v218 = p_w[i204];
+                        const int64_t i202 = r205 + l;
+                        const float v213 = p_x[ro_x[i197] + i202];
+                        const float v214 = v213 * v213;
+                        lane203[l] += v214;
+                        const float v215 = p_grad_y[ro_grad_y[i197] + i202];
+                        const float v216 = p_w[i202];
+                        const float v217 = v215 * v216;
+                        const float v218 = p_x[ro_x[i197] + i202];
                         const float v219 = v217 * v218;
-                        const float v220 = p_x[ro_x[i199] + i204];
-                        const float v221 = v219 * v220;
-                        lane206[l] += v221;
+                        lane204[l] += v219;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
-                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
-                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
-                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
-                l201 = lane205[0];
-                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
-                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
-                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
-                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
-                l203 = lane206[0];
+                for (int l = 0; l < 8; l++) lane203[l] += lane203[l + 8];
+                for (int l = 0; l < 4; l++) lane203[l] += lane203[l + 4];
+                for (int l = 0; l < 2; l++) lane203[l] += lane203[l + 2];
+                for (int l = 0; l < 1; l++) lane203[l] += lane203[l + 1];
+                l199 = lane203[0];
+                for (int l = 0; l < 8; l++) lane204[l] += lane204[l + 8];
+                for (int l = 0; l < 4; l++) lane204[l] += lane204[l + 4];
+                for (int l = 0; l < 2; l++) lane204[l] += lane204[l + 2];
+                for (int l = 0; l < 1; l++) lane204[l] += lane204[l + 1];
+                l201 = lane204[0];
             }
-            const float v222 = l201;
-            l200 = v222;
-            const float v223 = l203;
-            l202 = v223;
-            const int64_t v224 = 1ll;
-            const int64_t v225 = 0ll;
-            const int64_t v226 = i199 + v224;
-            const int64_t v227 = d_N - v224;
-            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
-            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            const float v220 = l199;
+            l198 = v220;
+            const float v221 = l201;
+            l200 = v221;
+            const int64_t v222 = 1ll;
+            const int64_t v223 = 0ll;
+            const int64_t v224 = i197 + v222;
+            const int64_t v225 = d_N - v222;
+            const int64_t v226 = ((v224 < v225 || v224 != v224) ? v224 : v225);
+            const int64_t v227 = ((v226 > v223 || v226 != v226) ? v226 : v223);
             {
-                int64_t r231 = v1;
-                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(float)) : 0);
-                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                int64_t r229 = v1;
+                int64_t e230 = r229 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i197] + r229] & 63)) & 63) / sizeof(float)) : 0);
+                if (e230 > d_D) e230 = d_D > r229 ? d_D : r229;
                 #pragma omp simd
-                for (int64_t i230 = r231; i230 < e232; i230++) {
-                    const float v233 = p_grad_y[ro_grad_y[i199] + i230];
-                    const float v234 = p_x[ro_x[i199] + i230];
-                    const float v235 = v233 * v234;
-                    const float v236 = l200;
-                    const float v237 = v236 / v7;
-                    const float v238 = v237 + v8;
-                    const float v239 = 1.0f / sqrtf(v238);
-                    const float v240 = v235 * v239;
-                    l10[i230] += v240;
-                    const float v241 = p_w[i230];
-                    const float v242 = v233 * v241;
-                    const float v243 = v242 * v239;
-                    const float v244 = l202;
-                    const float v245 = v244 / v7;
-                    const float v246 = v245 * v239;
-                    const float v247 = v246 * v239;
-                    const float v248 = v247 * v239;
-                    const float v249 = v234 * v248;
-                    const float v250 = v243 - v249;
-                    p_grad_x[ro_grad_x[i199] + i230] = v250;
+                for (int64_t i228 = r229; i228 < e230; i228++) {
+                    const float v231 = p_grad_y[ro_grad_y[i197] + i228];
+                    const float v232 = p_x[ro_x[i197] + i228];
+                    const float v233 = v231 * v232;
+                    const float v234 = l198;
+                    const float v235 = v234 / v7;
+                    const float v236 = v235 + v8;
+                    const float v237 = 1.0f / sqrtf(v236);
+                    const float v238 = v233 * v237;
+                    l10[i228] += v238;
+                    const float v239 = p_w[i228];
+                    const float v240 = v231 * v239;
+                    const float v241 = v240 * v237;
+                    const float v242 = l200;
+                    const float v243 = v242 / v7;
+                    const float v244 = v243 * v237;
+                    const float v245 = v244 * v237;
+                    const float v246 = v245 * v237;
+                    const float v247 = v232 * v246;
+                    const float v248 = v241 - v247;
+                    p_grad_x[ro_grad_x[i197] + i228] = v248;
                 }
-                r231 = e232;
-                for (; r231 + 16 <= d_D; r231 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
-                    _Alignas(64) float stg251[16];
+                r229 = e230;
+                for (; r229 + 16 <= d_D; r229 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i197] + r229, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v227] + r229, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v227] + r229, 0);
+                    _Alignas(64) float stg249[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i230 = r231 + l; (void)i230;
-                        const float v252 = p_grad_y[ro_grad_y[i199] + i230];
-                        const float v253 = p_x[ro_x[i199] + i230];
-                        const float v254 = v252 * v253;
-                        const float v255 = l200;
-                        const float v256 = v255 / v7;
-                        const float v257 = v256 + v8;
-                        const float v258 = 1.0f / sqrtf(v257);
-                        const float v259 = v254 * v258;
-                        l10[i230] += v259;
-                        const float v260 = p_w[i230];
-                        const float v261 = v252 * v260;
-                        const float v262 = v261 * v258;
-                        const float v263 = l202;
-                        const float v264 = v263 / v7;
-                        const float v265 = v264 * v258;
-                        const float v266 = v265 * v258;
-                        const float v267 = v266 * v258;
-                        const float v268 = v253 * v267;
-                        const float v269 = v262 - v268;
-                        stg251[l] = v269;
+                        const int64_t i228 = r229 + l; (void)i228;
+                        const float v250 = p_grad_y[ro_grad_y[i197] + i228];
+                        const float v251 = p_x[ro_x[i197] + i228];
+                        const float v252 = v250 * v251;
+                        const float v253 = l198;
+                        const float v254 = v253 / v7;
+                        const float v255 = v254 + v8;
+                        const float v256 = 1.0f / sqrtf(v255);
+                        const float v257 = v252 * v256;
+                        l10[i228] += v257;
+                        const float v258 = p_w[i228];
+                        const float v259 = v250 * v258;
+                        const float v260 = v259 * v256;
+                        const float v261 = l200;
+                        const float v262 = v261 / v7;
+                        const float v263 = v262 * v256;
+                        const float v264 = v263 * v256;
+                        const float v265 = v264 * v256;
+                        const float v266 = v251 * v265;
+                        const float v267 = v260 - v266;
+                        stg249[l] = v267;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i197] + r229], 1, stg249, 16, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i230 = r231; i230 < d_D; i230++) {
-                    const float v270 = p_grad_y[ro_grad_y[i199] + i230];
-                    const float v271 = p_x[ro_x[i199] + i230];
-                    const float v272 = v270 * v271;
-                    const float v273 = l200;
-                    const float v274 = v273 / v7;
-                    const float v275 = v274 + v8;
-                    const float v276 = 1.0f / sqrtf(v275);
-                    const float v277 = v272 * v276;
-                    l10[i230] += v277;
-                    const float v278 = p_w[i230];
-                    const float v279 = v270 * v278;
-                    const float v280 = v279 * v276;
-                    const float v281 = l202;
-                    const float v282 = v281 / v7;
-                    const float v283 = v282 * v276;
-                    const float v284 = v283 * v276;
-                    const float v285 = v284 * v276;
-                    const float v286 = v271 * v285;
-                    const float v287 = v280 - v286;
-                    p_grad_x[ro_grad_x[i199] + i230] = v287;
+                for (int64_t i228 = r229; i228 < d_D; i228++) {
+                    const float v268 = p_grad_y[ro_grad_y[i197] + i228];
+                    const float v269 = p_x[ro_x[i197] + i228];
+                    const float v270 = v268 * v269;
+                    const float v271 = l198;
+                    const float v272 = v271 / v7;
+                    const float v273 = v272 + v8;
+                    const float v274 = 1.0f / sqrtf(v273);
+                    const float v275 = v270 * v274;
+                    l10[i228] += v275;
+                    const float v276 = p_w[i228];
+                    const float v277 = v268 * v276;
+                    const float v278 = v277 * v274;
+                    const float v279 = l200;
+                    const float v280 = v279 / v7;
+                    const float v281 = v280 * v274;
+                    const float v282 = v281 * v274;
+                    const float v283 = v282 * v274;
+                    const float v284 = v269 * v283;
+                    const float v285 = v278 - v284;
+                    p_grad_x[ro_grad_x[i197] + i228] = v285;
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i288 = v1; i288 < d_D; i288++) {
-            const float v289 = l10[i288];
-            t5[i9 * d_D + i288] = v289;
+        for (int64_t i286 = v1; i286 < d_D; i286++) {
+            const float v287 = l10[i286];
+            t5[i9 * d_D + i286] = v287;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v290 = 64ll;
-    const int64_t v291 = 0ll;
-    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v288 = 64ll;
+    const int64_t v289 = 0ll;
+    const int64_t v290 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i293 = v291; i293 < v292; i293++) {
-        const int64_t v294 = i293 * v290;
-        const int64_t v295 = d_D - v294;
-        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
-        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l297, sizeof(float) * (size_t)64ll);
-        const int64_t v298 = 2ll;
-        const int64_t v299 = 0ll;
-        const int64_t v300 = v4 - v1;
-        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
-        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
-        const int64_t v303 = v302 * v298;
-        const int64_t v304 = v1 + v303;
-        for (int64_t i305 = v299; i305 < v302; i305++) {
-            const int64_t v306 = i305 * v298;
-            const int64_t v307 = v1 + v306;
-            const int64_t v308 = 1ll;
-            const int64_t v309 = v307 + v308;
+    for (int64_t i291 = v289; i291 < v290; i291++) {
+        const int64_t v292 = i291 * v288;
+        const int64_t v293 = d_D - v292;
+        const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
+        float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l295, sizeof(float) * (size_t)64ll);
+        const int64_t v296 = 2ll;
+        const int64_t v297 = 0ll;
+        const int64_t v298 = v4 - v1;
+        const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
+        const int64_t v300 = (v296 == 0 ? (int64_t)0 : v296 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v299) : (int64_t)(v299 / v296));
+        const int64_t v301 = v300 * v296;
+        const int64_t v302 = v1 + v301;
+        for (int64_t i303 = v297; i303 < v300; i303++) {
+            const int64_t v304 = i303 * v296;
+            const int64_t v305 = v1 + v304;
+            const int64_t v306 = 1ll;
+            const int64_t v307 = v305 + v306;
             #pragma omp simd
-            for (int64_t i310 = v291; i310 < v296; i310++) {
-                const int64_t v311 = v294 + i310;
+            for (int64_t i308 = v289; i308 < v294; i308++) {
+                const int64_t v309 = v292 + i308;
+                const float v310 = t5[v305 * d_D + v309];
+                l295[i308] += v310;
+                const int64_t v311 = v292 + i308;
                 const float v312 = t5[v307 * d_D + v311];
-                l297[i310] += v312;
-                const int64_t v313 = v294 + i310;
-                const float v314 = t5[v309 * d_D + v313];
-                l297[i310] += v314;
+                l295[i308] += v312;
             }
         }
-        for (int64_t i315 = v304; i315 < v4; i315++) {
+        for (int64_t i313 = v302; i313 < v4; i313++) {
             #pragma omp simd
-            for (int64_t i316 = v291; i316 < v296; i316++) {
-                const int64_t v317 = v294 + i316;
-                const float v318 = t5[i315 * d_D + v317];
-                l297[i316] += v318;
+            for (int64_t i314 = v289; i314 < v294; i314++) {
+                const int64_t v315 = v292 + i314;
+                const float v316 = t5[i313 * d_D + v315];
+                l295[i314] += v316;
             }
         }
-        for (int64_t i319 = v291; i319 < v296; i319++) {
-            const int64_t v320 = v294 + i319;
-            const float v321 = l297[i319];
-            p_grad_w[v320] = v321;
+        for (int64_t i317 = v289; i317 < v294; i317++) {
+            const int64_t v318 = v292 + i317;
+            const float v319 = l295[i317];
+            p_grad_w[v318] = v319;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2252,7 +2200,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -2284,464 +2232,451 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             float l25 = 0;
             float l26 = 0;
             float l27 = 0;
+            const int64_t v28 = 1ll;
+            const int64_t v29 = v23 + v28;
+            float l30 = 0;
+            float l31 = 0;
+            float l32 = 0;
+            float l33 = 0;
             {
-                float lane29[32];
-                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
-                float lane30[32];
-                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
-                int64_t r31 = v1;
-                for (; r31 + 32 <= d_D; r31 += 32) {
+                float lane35[32];
+                for (int l = 0; l < 32; l++) lane35[l] = l ? 0 : l25;
+                float lane36[32];
+                for (int l = 0; l < 32; l++) lane36[l] = l ? 0 : l27;
+                float lane37[32];
+                for (int l = 0; l < 32; l++) lane37[l] = l ? 0 : l31;
+                float lane38[32];
+                for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
+                int64_t r39 = v1;
+                for (; r39 + 32 <= d_D; r39 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i28 = r31 + l;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v33 = v32 * v32;
-                        lane29[l] += v33;
-                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v35 = opgen_bf16_to_f32(p_w[i28 * st_w_0]);
-                        const float v36 = v34 * v35;
-                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v38 = v36 * v37;
-                        lane30[l] += v38;
+                        const int64_t i34 = r39 + l;
+                        const float v40 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v41 = v40 * v40;
+                        lane35[l] += v41;
+                        const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v43 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v44 = v42 * v43;
+                        const float v45 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v46 = v44 * v45;
+                        lane36[l] += v46;
+                        const float v47 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v48 = v47 * v47;
+                        lane37[l] += v48;
+                        const float v49 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v50 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v51 = v49 * v50;
+                        const float v52 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v53 = v51 * v52;
+                        lane38[l] += v53;
                     }
                 }
-                for (int l = 0; r31 + l < d_D; l++) {
+                for (int l = 0; r39 + l < d_D; l++) {
                     {
-                        const int64_t i28 = r31 + l;
-                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v40 = v39 * v39;
-                        lane29[l] += v40;
-                        const float v41 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v42 = opgen_bf16_to_f32(p_w[i28 * st_w_0]);
-                        const float v43 = v41 * v42;
-                        const float v44 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v45 = v43 * v44;
-                        lane30[l] += v45;
+                        const int64_t i34 = r39 + l;
+                        const float v54 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v55 = v54 * v54;
+                        lane35[l] += v55;
+                        const float v56 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v57 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v58 = v56 * v57;
+                        const float v59 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v60 = v58 * v59;
+                        lane36[l] += v60;
+                        const float v61 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v62 = v61 * v61;
+                        lane37[l] += v62;
+                        const float v63 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v64 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v65 = v63 * v64;
+                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v67 = v65 * v66;
+                        lane38[l] += v67;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
-                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
-                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
-                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
-                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
-                l25 = lane29[0];
-                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
-                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
-                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
-                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
-                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
-                l27 = lane30[0];
+                for (int l = 0; l < 16; l++) lane35[l] += lane35[l + 16];
+                for (int l = 0; l < 8; l++) lane35[l] += lane35[l + 8];
+                for (int l = 0; l < 4; l++) lane35[l] += lane35[l + 4];
+                for (int l = 0; l < 2; l++) lane35[l] += lane35[l + 2];
+                for (int l = 0; l < 1; l++) lane35[l] += lane35[l + 1];
+                l25 = lane35[0];
+                for (int l = 0; l < 16; l++) lane36[l] += lane36[l + 16];
+                for (int l = 0; l < 8; l++) lane36[l] += lane36[l + 8];
+                for (int l = 0; l < 4; l++) lane36[l] += lane36[l + 4];
+                for (int l = 0; l < 2; l++) lane36[l] += lane36[l + 2];
+                for (int l = 0; l < 1; l++) lane36[l] += lane36[l + 1];
+                l27 = lane36[0];
+                for (int l = 0; l < 16; l++) lane37[l] += lane37[l + 16];
+                for (int l = 0; l < 8; l++) lane37[l] += lane37[l + 8];
+                for (int l = 0; l < 4; l++) lane37[l] += lane37[l + 4];
+                for (int l = 0; l < 2; l++) lane37[l] += lane37[l + 2];
+                for (int l = 0; l < 1; l++) lane37[l] += lane37[l + 1];
+                l31 = lane37[0];
+                for (int l = 0; l < 16; l++) lane38[l] += lane38[l + 16];
+                for (int l = 0; l < 8; l++) lane38[l] += lane38[l + 8];
+                for (int l = 0; l < 4; l++) lane38[l] += lane38[l + 4];
+                for (int l = 0; l < 2; l++) lane38[l] += lane38[l + 2];
+                for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
+                l33 = lane38[0];
             }
-            const float v46 = l25;
-            l24 = v46;
-            const float v47 = l27;
-            l26 = v47;
-            const int64_t v48 = 1ll;
-            const int64_t v49 = v23 + v48;
-            float l50 = 0;
-            float l51 = 0;
-            float l52 = 0;
-            float l53 = 0;
+            const float v68 = l25;
+            l24 = v68;
+            const float v69 = l27;
+            l26 = v69;
+            const float v70 = l31;
+            l30 = v70;
+            const float v71 = l33;
+            l32 = v71;
+            const int64_t v72 = 1ll;
+            const int64_t v73 = 0ll;
+            const int64_t v74 = i21 + v72;
+            const int64_t v75 = v74 * v14;
+            const int64_t v76 = v11 + v75;
+            const int64_t v77 = d_N - v72;
+            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
+            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
+            const int64_t v80 = v76 + v28;
+            const int64_t v81 = d_N - v72;
+            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
+            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
             {
-                float lane55[32];
-                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
-                float lane56[32];
-                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
-                int64_t r57 = v1;
-                for (; r57 + 32 <= d_D; r57 += 32) {
+                int64_t r85 = v1;
+                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
+                for (int64_t i84 = r85; i84 < e86; i84++) {
+                    const float v87 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v88 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v89 = v87 * v88;
+                    const float v90 = l24;
+                    const float v91 = v90 / v7;
+                    const float v92 = v91 + v8;
+                    const float v93 = 1.0f / sqrtf(v92);
+                    const float v94 = v89 * v93;
+                    l10[i84] += v94;
+                    const float v95 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
+                    const float v96 = v87 * v95;
+                    const float v97 = v96 * v93;
+                    const float v98 = l26;
+                    const float v99 = v98 / v7;
+                    const float v100 = v99 * v93;
+                    const float v101 = v100 * v93;
+                    const float v102 = v101 * v93;
+                    const float v103 = v88 * v102;
+                    const float v104 = v97 - v103;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v104);
+                    const float v105 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v106 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v107 = v105 * v106;
+                    const float v108 = l30;
+                    const float v109 = v108 / v7;
+                    const float v110 = v109 + v8;
+                    const float v111 = 1.0f / sqrtf(v110);
+                    const float v112 = v107 * v111;
+                    l10[i84] += v112;
+                    const float v113 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
+                    const float v114 = v105 * v113;
+                    const float v115 = v114 * v111;
+                    const float v116 = l32;
+                    const float v117 = v116 / v7;
+                    const float v118 = v117 * v111;
+                    const float v119 = v118 * v111;
+                    const float v120 = v119 * v111;
+                    const float v121 = v106 * v120;
+                    const float v122 = v115 - v121;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v122);
+                }
+                r85 = e86;
+                for (; r85 + 32 <= d_D; r85 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
+                    _Alignas(64) float stg123[32];
+                    _Alignas(64) float stg124[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i54 = r57 + l;
-                        const float v58 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v59 = v58 * v58;
-                        lane55[l] += v59;
-                        const float v60 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v61 = opgen_bf16_to_f32(p_w[i54 * st_w_0]);
-                        const float v62 = v60 * v61;
-                        const float v63 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v64 = v62 * v63;
-                        lane56[l] += v64;
+                        const int64_t i84 = r85 + l; (void)i84;
+                        const float v125 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                        const float v126 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
+                        const float v127 = v125 * v126;
+                        const float v128 = l24;
+                        const float v129 = v128 / v7;
+                        const float v130 = v129 + v8;
+                        const float v131 = 1.0f / sqrtf(v130);
+                        const float v132 = v127 * v131;
+                        l10[i84] += v132;
+                        const float v133 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
+                        const float v134 = v125 * v133;
+                        const float v135 = v134 * v131;
+                        const float v136 = l26;
+                        const float v137 = v136 / v7;
+                        const float v138 = v137 * v131;
+                        const float v139 = v138 * v131;
+                        const float v140 = v139 * v131;
+                        const float v141 = v126 * v140;
+                        const float v142 = v135 - v141;
+                        stg123[l] = v142;
+                        const float v143 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                        const float v144 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
+                        const float v145 = v143 * v144;
+                        const float v146 = l30;
+                        const float v147 = v146 / v7;
+                        const float v148 = v147 + v8;
+                        const float v149 = 1.0f / sqrtf(v148);
+                        const float v150 = v145 * v149;
+                        l10[i84] += v150;
+                        const float v151 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
+                        const float v152 = v143 * v151;
+                        const float v153 = v152 * v149;
+                        const float v154 = l32;
+                        const float v155 = v154 / v7;
+                        const float v156 = v155 * v149;
+                        const float v157 = v156 * v149;
+                        const float v158 = v157 * v149;
+                        const float v159 = v144 * v158;
+                        const float v160 = v153 - v159;
+                        stg124[l] = v160;
                     }
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 32, nt_p_grad_x);
                 }
-                for (int l = 0; r57 + l < d_D; l++) {
-                    {
-                        const int64_t i54 = r57 + l;
-                        const float v65 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v66 = v65 * v65;
-                        lane55[l] += v66;
-                        const float v67 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v68 = opgen_bf16_to_f32(p_w[i54 * st_w_0]);
-                        const float v69 = v67 * v68;
-                        const float v70 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v71 = v69 * v70;
-                        lane56[l] += v71;
-                    }
-                }
-                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
-                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
-                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
-                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
-                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
-                l51 = lane55[0];
-                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
-                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
-                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
-                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
-                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
-                l53 = lane56[0];
-            }
-            const float v72 = l51;
-            l50 = v72;
-            const float v73 = l53;
-            l52 = v73;
-            const int64_t v74 = 1ll;
-            const int64_t v75 = 0ll;
-            const int64_t v76 = i21 + v74;
-            const int64_t v77 = v76 * v14;
-            const int64_t v78 = v11 + v77;
-            const int64_t v79 = d_N - v74;
-            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
-            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
-            const int64_t v82 = v78 + v48;
-            const int64_t v83 = d_N - v74;
-            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
-            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
-            {
-                int64_t r87 = v1;
-                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
-                for (int64_t i86 = r87; i86 < e88; i86++) {
-                    const float v89 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v90 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v91 = v89 * v90;
-                    const float v92 = l24;
-                    const float v93 = v92 / v7;
-                    const float v94 = v93 + v8;
-                    const float v95 = 1.0f / sqrtf(v94);
-                    const float v96 = v91 * v95;
-                    l10[i86] += v96;
-                    const float v97 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
-                    const float v98 = v89 * v97;
-                    const float v99 = v98 * v95;
-                    const float v100 = l26;
-                    const float v101 = v100 / v7;
-                    const float v102 = v101 * v95;
-                    const float v103 = v102 * v95;
-                    const float v104 = v103 * v95;
-                    const float v105 = v90 * v104;
-                    const float v106 = v99 - v105;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v106);
-                    const float v107 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v108 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v109 = v107 * v108;
-                    const float v110 = l50;
-                    const float v111 = v110 / v7;
-                    const float v112 = v111 + v8;
-                    const float v113 = 1.0f / sqrtf(v112);
-                    const float v114 = v109 * v113;
-                    l10[i86] += v114;
-                    const float v115 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
-                    const float v116 = v107 * v115;
-                    const float v117 = v116 * v113;
-                    const float v118 = l52;
-                    const float v119 = v118 / v7;
-                    const float v120 = v119 * v113;
-                    const float v121 = v120 * v113;
-                    const float v122 = v121 * v113;
-                    const float v123 = v108 * v122;
-                    const float v124 = v117 - v123;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v124);
-                }
-                r87 = e88;
-                for (; r87 + 32 <= d_D; r87 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
-                    _Alignas(64) float stg125[32];
-                    _Alignas(64) float stg126[32];
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i86 = r87 + l; (void)i86;
-                        const float v127 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                        const float v128 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
-                        const float v129 = v127 * v128;
-                        const float v130 = l24;
-                        const float v131 = v130 / v7;
-                        const float v132 = v131 + v8;
-                        const float v133 = 1.0f / sqrtf(v132);
-                        const float v134 = v129 * v133;
-                        l10[i86] += v134;
-                        const float v135 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
-                        const float v136 = v127 * v135;
-                        const float v137 = v136 * v133;
-                        const float v138 = l26;
-                        const float v139 = v138 / v7;
-                        const float v140 = v139 * v133;
-                        const float v141 = v140 * v133;
-                        const float v142 = v141 * v133;
-                        const float v143 = v128 * v142;
-                        const float v144 = v137 - v143;
-                        stg125[l] = v144;
-                        const float v145 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                        const float v146 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
-                        const float v147 = v145 * v146;
-                        const float v148 = l50;
-                        const float v149 = v148 / v7;
-                        const float v150 = v149 + v8;
-                        const float v151 = 1.0f / sqrtf(v150);
-                        const float v152 = v147 * v151;
-                        l10[i86] += v152;
-                        const float v153 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
-                        const float v154 = v145 * v153;
-                        const float v155 = v154 * v151;
-                        const float v156 = l52;
-                        const float v157 = v156 / v7;
-                        const float v158 = v157 * v151;
-                        const float v159 = v158 * v151;
-                        const float v160 = v159 * v151;
-                        const float v161 = v146 * v160;
-                        const float v162 = v155 - v161;
-                        stg126[l] = v162;
-                    }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
-                }
-                for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v163 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v164 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v165 = v163 * v164;
-                    const float v166 = l24;
-                    const float v167 = v166 / v7;
-                    const float v168 = v167 + v8;
-                    const float v169 = 1.0f / sqrtf(v168);
-                    const float v170 = v165 * v169;
-                    l10[i86] += v170;
-                    const float v171 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
-                    const float v172 = v163 * v171;
-                    const float v173 = v172 * v169;
-                    const float v174 = l26;
-                    const float v175 = v174 / v7;
-                    const float v176 = v175 * v169;
-                    const float v177 = v176 * v169;
-                    const float v178 = v177 * v169;
-                    const float v179 = v164 * v178;
-                    const float v180 = v173 - v179;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v180);
-                    const float v181 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v182 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v183 = v181 * v182;
-                    const float v184 = l50;
-                    const float v185 = v184 / v7;
-                    const float v186 = v185 + v8;
-                    const float v187 = 1.0f / sqrtf(v186);
-                    const float v188 = v183 * v187;
-                    l10[i86] += v188;
-                    const float v189 = opgen_bf16_to_f32(p_w[i86 * st_w_0]);
-                    const float v190 = v181 * v189;
-                    const float v191 = v190 * v187;
-                    const float v192 = l52;
-                    const float v193 = v192 / v7;
-                    const float v194 = v193 * v187;
-                    const float v195 = v194 * v187;
-                    const float v196 = v195 * v187;
-                    const float v197 = v182 * v196;
-                    const float v198 = v191 - v197;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v198);
+                for (int64_t i84 = r85; i84 < d_D; i84++) {
+                    const float v161 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v162 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v163 = v161 * v162;
+                    const float v164 = l24;
+                    const float v165 = v164 / v7;
+                    const float v166 = v165 + v8;
+                    const float v167 = 1.0f / sqrtf(v166);
+                    const float v168 = v163 * v167;
+                    l10[i84] += v168;
+                    const float v169 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
+                    const float v170 = v161 * v169;
+                    const float v171 = v170 * v167;
+                    const float v172 = l26;
+                    const float v173 = v172 / v7;
+                    const float v174 = v173 * v167;
+                    const float v175 = v174 * v167;
+                    const float v176 = v175 * v167;
+                    const float v177 = v162 * v176;
+                    const float v178 = v171 - v177;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v178);
+                    const float v179 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v180 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v181 = v179 * v180;
+                    const float v182 = l30;
+                    const float v183 = v182 / v7;
+                    const float v184 = v183 + v8;
+                    const float v185 = 1.0f / sqrtf(v184);
+                    const float v186 = v181 * v185;
+                    l10[i84] += v186;
+                    const float v187 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
+                    const float v188 = v179 * v187;
+                    const float v189 = v188 * v185;
+                    const float v190 = l32;
+                    const float v191 = v190 / v7;
+                    const float v192 = v191 * v185;
+                    const float v193 = v192 * v185;
+                    const float v194 = v193 * v185;
+                    const float v195 = v180 * v194;
+                    const float v196 = v189 - v195;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v196);
                 }
             }
         }
-        for (int64_t i199 = v20; i199 < v13; i199++) {
+        for (int64_t i197 = v20; i197 < v13; i197++) {
+            float l198 = 0;
+            float l199 = 0;
             float l200 = 0;
             float l201 = 0;
-            float l202 = 0;
-            float l203 = 0;
             {
-                float lane205[32];
-                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
-                float lane206[32];
-                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
-                int64_t r207 = v1;
-                for (; r207 + 32 <= d_D; r207 += 32) {
+                float lane203[32];
+                for (int l = 0; l < 32; l++) lane203[l] = l ? 0 : l199;
+                float lane204[32];
+                for (int l = 0; l < 32; l++) lane204[l] = l ? 0 : l201;
+                int64_t r205 = v1;
+                for (; r205 + 32 <= d_D; r205 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i204 = r207 + l;
-                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v209 = v208 * v208;
-                        lane205[l] += v209;
-                        const float v210 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v211 = opgen_bf16_to_f32(p_w[i204 * st_w_0]);
+                        const int64_t i202 = r205 + l;
+                        const float v206 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
+                        const float v207 = v206 * v206;
+                        lane203[l] += v207;
+                        const float v208 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
+                        const float v209 = opgen_bf16_to_f32(p_w[i202 * st_w_0]);
+                        const float v210 = v208 * v209;
+                        const float v211 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
                         const float v212 = v210 * v211;
-                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v214 = v212 * v213;
-                        lane206[l] += v214;
+                        lane204[l] += v212;
                     }
                 }
-                for (int l = 0; r207 + l < d_D; l++) {
+                for (int l = 0; r205 + l < d_D; l++) {
                     {
-                        const int64_t i204 = r207 + l;
-                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v216 = v215 * v215;
-                        lane205[l] += v216;
-                        const float v217 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v218 = opgen_bf16_to_f32(p_w[i204 * st_w_0]);
+                        const int64_t i202 = r205 + l;
+                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
+                        const float v214 = v213 * v213;
+                        lane203[l] += v214;
+                        const float v215 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
+                        const float v216 = opgen_bf16_to_f32(p_w[i202 * st_w_0]);
+                        const float v217 = v215 * v216;
+                        const float v218 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
                         const float v219 = v217 * v218;
-                        const float v220 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v221 = v219 * v220;
-                        lane206[l] += v221;
+                        lane204[l] += v219;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
-                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
-                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
-                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
-                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
-                l201 = lane205[0];
-                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
-                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
-                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
-                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
-                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
-                l203 = lane206[0];
+                for (int l = 0; l < 16; l++) lane203[l] += lane203[l + 16];
+                for (int l = 0; l < 8; l++) lane203[l] += lane203[l + 8];
+                for (int l = 0; l < 4; l++) lane203[l] += lane203[l + 4];
+                for (int l = 0; l < 2; l++) lane203[l] += lane203[l + 2];
+                for (int l = 0; l < 1; l++) lane203[l] += lane203[l + 1];
+                l199 = lane203[0];
+                for (int l = 0; l < 16; l++) lane204[l] += lane204[l + 16];
+                for (int l = 0; l < 8; l++) lane204[l] += lane204[l + 8];
+                for (int l = 0; l < 4; l++) lane204[l] += lane204[l + 4];
+                for (int l = 0; l < 2; l++) lane204[l] += lane204[l + 2];
+                for (int l = 0; l < 1; l++) lane204[l] += lane204[l + 1];
+                l201 = lane204[0];
             }
-            const float v222 = l201;
-            l200 = v222;
-            const float v223 = l203;
-            l202 = v223;
-            const int64_t v224 = 1ll;
-            const int64_t v225 = 0ll;
-            const int64_t v226 = i199 + v224;
-            const int64_t v227 = d_N - v224;
-            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
-            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            const float v220 = l199;
+            l198 = v220;
+            const float v221 = l201;
+            l200 = v221;
+            const int64_t v222 = 1ll;
+            const int64_t v223 = 0ll;
+            const int64_t v224 = i197 + v222;
+            const int64_t v225 = d_N - v222;
+            const int64_t v226 = ((v224 < v225 || v224 != v224) ? v224 : v225);
+            const int64_t v227 = ((v226 > v223 || v226 != v226) ? v226 : v223);
             {
-                int64_t r231 = v1;
-                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
-                for (int64_t i230 = r231; i230 < e232; i230++) {
-                    const float v233 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v234 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v235 = v233 * v234;
-                    const float v236 = l200;
-                    const float v237 = v236 / v7;
-                    const float v238 = v237 + v8;
-                    const float v239 = 1.0f / sqrtf(v238);
-                    const float v240 = v235 * v239;
-                    l10[i230] += v240;
-                    const float v241 = opgen_bf16_to_f32(p_w[i230 * st_w_0]);
-                    const float v242 = v233 * v241;
-                    const float v243 = v242 * v239;
-                    const float v244 = l202;
-                    const float v245 = v244 / v7;
-                    const float v246 = v245 * v239;
-                    const float v247 = v246 * v239;
-                    const float v248 = v247 * v239;
-                    const float v249 = v234 * v248;
-                    const float v250 = v243 - v249;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v250);
+                int64_t r229 = v1;
+                int64_t e230 = r229 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i197] + r229] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e230 > d_D) e230 = d_D > r229 ? d_D : r229;
+                for (int64_t i228 = r229; i228 < e230; i228++) {
+                    const float v231 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
+                    const float v232 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                    const float v233 = v231 * v232;
+                    const float v234 = l198;
+                    const float v235 = v234 / v7;
+                    const float v236 = v235 + v8;
+                    const float v237 = 1.0f / sqrtf(v236);
+                    const float v238 = v233 * v237;
+                    l10[i228] += v238;
+                    const float v239 = opgen_bf16_to_f32(p_w[i228 * st_w_0]);
+                    const float v240 = v231 * v239;
+                    const float v241 = v240 * v237;
+                    const float v242 = l200;
+                    const float v243 = v242 / v7;
+                    const float v244 = v243 * v237;
+                    const float v245 = v244 * v237;
+                    const float v246 = v245 * v237;
+                    const float v247 = v232 * v246;
+                    const float v248 = v241 - v247;
+                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v248);
                 }
-                r231 = e232;
-                for (; r231 + 32 <= d_D; r231 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
-                    _Alignas(64) float stg251[32];
+                r229 = e230;
+                for (; r229 + 32 <= d_D; r229 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i197] + r229, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v227] + r229, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v227] + r229, 0);
+                    _Alignas(64) float stg249[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i230 = r231 + l; (void)i230;
-                        const float v252 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                        const float v253 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
-                        const float v254 = v252 * v253;
-                        const float v255 = l200;
-                        const float v256 = v255 / v7;
-                        const float v257 = v256 + v8;
-                        const float v258 = 1.0f / sqrtf(v257);
-                        const float v259 = v254 * v258;
-                        l10[i230] += v259;
-                        const float v260 = opgen_bf16_to_f32(p_w[i230 * st_w_0]);
-                        const float v261 = v252 * v260;
-                        const float v262 = v261 * v258;
-                        const float v263 = l202;
-                        const float v264 = v263 / v7;
-                        const float v265 = v264 * v258;
-                        const float v266 = v265 * v258;
-                        const float v267 = v266 * v258;
-                        const float v268 = v253 * v267;
-                        const float v269 = v262 - v268;
-                        stg251[l] = v269;
+                        const int64_t i228 = r229 + l; (void)i228;
+                        const float v250 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
+                        const float v251 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                        const float v252 = v250 * v251;
+                        const float v253 = l198;
+                        const float v254 = v253 / v7;
+                        const float v255 = v254 + v8;
+                        const float v256 = 1.0f / sqrtf(v255);
+                        const float v257 = v252 * v256;
+                        l10[i228] += v257;
+                        const float v258 = opgen_bf16_to_f32(p_w[i228 * st_w_0]);
+                        const float v259 = v250 * v258;
+                        const float v260 = v259 * v256;
+                        const float v261 = l200;
+                        const float v262 = v261 / v7;
+                        const float v263 = v262 * v256;
+                        const float v264 = v263 * v256;
+                        const float v265 = v264 * v256;
+                        const float v266 = v251 * v265;
+                        const float v267 = v260 - v266;
+                        stg249[l] = v267;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i197] + r229], 1, stg249, 32, nt_p_grad_x);
                 }
-                for (int64_t i230 = r231; i230 < d_D; i230++) {
-                    const float v270 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v271 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v272 = v270 * v271;
-                    const float v273 = l200;
-                    const float v274 = v273 / v7;
-                    const float v275 = v274 + v8;
-                    const float v276 = 1.0f / sqrtf(v275);
-                    const float v277 = v272 * v276;
-                    l10[i230] += v277;
-                    const float v278 = opgen_bf16_to_f32(p_w[i230 * st_w_0]);
-                    const float v279 = v270 * v278;
-                    const float v280 = v279 * v276;
-                    const float v281 = l202;
-                    const float v282 = v281 / v7;
-                    const float v283 = v282 * v276;
-                    const float v284 = v283 * v276;
-                    const float v285 = v284 * v276;
-                    const float v286 = v271 * v285;
-                    const float v287 = v280 - v286;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v287);
+                for (int64_t i228 = r229; i228 < d_D; i228++) {
+                    const float v268 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
+                    const float v269 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                    const float v270 = v268 * v269;
+                    const float v271 = l198;
+                    const float v272 = v271 / v7;
+                    const float v273 = v272 + v8;
+                    const float v274 = 1.0f / sqrtf(v273);
+                    const float v275 = v270 * v274;
+                    l10[i228] += v275;
+                    const float v276 = opgen_bf16_to_f32(p_w[i228 * st_w_0]);
+                    const float v277 = v268 * v276;
+                    const float v278 = v277 * v274;
+                    const float v279 = l200;
+                    const float v280 = v279 / v7;
+                    const float v281 = v280 * v274;
+                    const float v282 = v281 * v274;
+                    const float v283 = v282 * v274;
+                    const float v284 = v269 * v283;
+                    const float v285 = v278 - v284;
+                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v285);
                 }
             }
         }
-        for (int64_t i288 = v1; i288 < d_D; i288++) {
-            const float v289 = l10[i288];
-            t5[i9 * d_D + i288] = v289;
+        for (int64_t i286 = v1; i286 < d_D; i286++) {
+            const float v287 = l10[i286];
+            t5[i9 * d_D + i286] = v287;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v290 = 64ll;
-    const int64_t v291 = 0ll;
-    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v288 = 64ll;
+    const int64_t v289 = 0ll;
+    const int64_t v290 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i293 = v291; i293 < v292; i293++) {
-        const int64_t v294 = i293 * v290;
-        const int64_t v295 = d_D - v294;
-        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
-        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l297, sizeof(float) * (size_t)64ll);
-        const int64_t v298 = 2ll;
-        const int64_t v299 = 0ll;
-        const int64_t v300 = v4 - v1;
-        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
-        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
-        const int64_t v303 = v302 * v298;
-        const int64_t v304 = v1 + v303;
-        for (int64_t i305 = v299; i305 < v302; i305++) {
-            const int64_t v306 = i305 * v298;
-            const int64_t v307 = v1 + v306;
-            const int64_t v308 = 1ll;
-            const int64_t v309 = v307 + v308;
-            for (int64_t i310 = v291; i310 < v296; i310++) {
-                const int64_t v311 = v294 + i310;
+    for (int64_t i291 = v289; i291 < v290; i291++) {
+        const int64_t v292 = i291 * v288;
+        const int64_t v293 = d_D - v292;
+        const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
+        float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l295, sizeof(float) * (size_t)64ll);
+        const int64_t v296 = 2ll;
+        const int64_t v297 = 0ll;
+        const int64_t v298 = v4 - v1;
+        const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
+        const int64_t v300 = (v296 == 0 ? (int64_t)0 : v296 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v299) : (int64_t)(v299 / v296));
+        const int64_t v301 = v300 * v296;
+        const int64_t v302 = v1 + v301;
+        for (int64_t i303 = v297; i303 < v300; i303++) {
+            const int64_t v304 = i303 * v296;
+            const int64_t v305 = v1 + v304;
+            const int64_t v306 = 1ll;
+            const int64_t v307 = v305 + v306;
+            for (int64_t i308 = v289; i308 < v294; i308++) {
+                const int64_t v309 = v292 + i308;
+                const float v310 = t5[v305 * d_D + v309];
+                l295[i308] += v310;
+                const int64_t v311 = v292 + i308;
                 const float v312 = t5[v307 * d_D + v311];
-                l297[i310] += v312;
-                const int64_t v313 = v294 + i310;
-                const float v314 = t5[v309 * d_D + v313];
-                l297[i310] += v314;
+                l295[i308] += v312;
             }
         }
-        for (int64_t i315 = v304; i315 < v4; i315++) {
-            for (int64_t i316 = v291; i316 < v296; i316++) {
-                const int64_t v317 = v294 + i316;
-                const float v318 = t5[i315 * d_D + v317];
-                l297[i316] += v318;
+        for (int64_t i313 = v302; i313 < v4; i313++) {
+            for (int64_t i314 = v289; i314 < v294; i314++) {
+                const int64_t v315 = v292 + i314;
+                const float v316 = t5[i313 * d_D + v315];
+                l295[i314] += v316;
             }
         }
-        for (int64_t i319 = v291; i319 < v296; i319++) {
-            const int64_t v320 = v294 + i319;
-            const float v321 = l297[i319];
-            p_grad_w[v320 * st_grad_w_0] = opgen_f32_to_bf16(v321);
+        for (int64_t i317 = v289; i317 < v294; i317++) {
+            const int64_t v318 = v292 + i317;
+            const float v319 = l295[i317];
+            p_grad_w[v318 * st_grad_w_0] = opgen_f32_to_bf16(v319);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2772,7 +2707,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l297_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -2804,473 +2739,460 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             float l25 = 0;
             float l26 = 0;
             float l27 = 0;
+            const int64_t v28 = 1ll;
+            const int64_t v29 = v23 + v28;
+            float l30 = 0;
+            float l31 = 0;
+            float l32 = 0;
+            float l33 = 0;
             {
-                float lane29[32];
-                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
-                float lane30[32];
-                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
-                int64_t r31 = v1;
-                for (; r31 + 32 <= d_D; r31 += 32) {
+                float lane35[32];
+                for (int l = 0; l < 32; l++) lane35[l] = l ? 0 : l25;
+                float lane36[32];
+                for (int l = 0; l < 32; l++) lane36[l] = l ? 0 : l27;
+                float lane37[32];
+                for (int l = 0; l < 32; l++) lane37[l] = l ? 0 : l31;
+                float lane38[32];
+                for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
+                int64_t r39 = v1;
+                for (; r39 + 32 <= d_D; r39 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i28 = r31 + l;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v33 = v32 * v32;
-                        lane29[l] += v33;
-                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v35 = opgen_bf16_to_f32(p_w[i28]);
-                        const float v36 = v34 * v35;
-                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v38 = v36 * v37;
-                        lane30[l] += v38;
+                        const int64_t i34 = r39 + l;
+                        const float v40 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v41 = v40 * v40;
+                        lane35[l] += v41;
+                        const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v43 = opgen_bf16_to_f32(p_w[i34]);
+                        const float v44 = v42 * v43;
+                        const float v45 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v46 = v44 * v45;
+                        lane36[l] += v46;
+                        const float v47 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v48 = v47 * v47;
+                        lane37[l] += v48;
+                        const float v49 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v50 = opgen_bf16_to_f32(p_w[i34]);
+                        const float v51 = v49 * v50;
+                        const float v52 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v53 = v51 * v52;
+                        lane38[l] += v53;
                     }
                 }
-                for (int l = 0; r31 + l < d_D; l++) {
+                for (int l = 0; r39 + l < d_D; l++) {
                     {
-                        const int64_t i28 = r31 + l;
-                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v40 = v39 * v39;
-                        lane29[l] += v40;
-                        const float v41 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
-                        const float v42 = opgen_bf16_to_f32(p_w[i28]);
-                        const float v43 = v41 * v42;
-                        const float v44 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
-                        const float v45 = v43 * v44;
-                        lane30[l] += v45;
+                        const int64_t i34 = r39 + l;
+                        const float v54 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v55 = v54 * v54;
+                        lane35[l] += v55;
+                        const float v56 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v57 = opgen_bf16_to_f32(p_w[i34]);
+                        const float v58 = v56 * v57;
+                        const float v59 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v60 = v58 * v59;
+                        lane36[l] += v60;
+                        const float v61 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v62 = v61 * v61;
+                        lane37[l] += v62;
+                        const float v63 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v64 = opgen_bf16_to_f32(p_w[i34]);
+                        const float v65 = v63 * v64;
+                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v67 = v65 * v66;
+                        lane38[l] += v67;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
-                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
-                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
-                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
-                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
-                l25 = lane29[0];
-                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
-                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
-                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
-                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
-                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
-                l27 = lane30[0];
+                for (int l = 0; l < 16; l++) lane35[l] += lane35[l + 16];
+                for (int l = 0; l < 8; l++) lane35[l] += lane35[l + 8];
+                for (int l = 0; l < 4; l++) lane35[l] += lane35[l + 4];
+                for (int l = 0; l < 2; l++) lane35[l] += lane35[l + 2];
+                for (int l = 0; l < 1; l++) lane35[l] += lane35[l + 1];
+                l25 = lane35[0];
+                for (int l = 0; l < 16; l++) lane36[l] += lane36[l + 16];
+                for (int l = 0; l < 8; l++) lane36[l] += lane36[l + 8];
+                for (int l = 0; l < 4; l++) lane36[l] += lane36[l + 4];
+                for (int l = 0; l < 2; l++) lane36[l] += lane36[l + 2];
+                for (int l = 0; l < 1; l++) lane36[l] += lane36[l + 1];
+                l27 = lane36[0];
+                for (int l = 0; l < 16; l++) lane37[l] += lane37[l + 16];
+                for (int l = 0; l < 8; l++) lane37[l] += lane37[l + 8];
+                for (int l = 0; l < 4; l++) lane37[l] += lane37[l + 4];
+                for (int l = 0; l < 2; l++) lane37[l] += lane37[l + 2];
+                for (int l = 0; l < 1; l++) lane37[l] += lane37[l + 1];
+                l31 = lane37[0];
+                for (int l = 0; l < 16; l++) lane38[l] += lane38[l + 16];
+                for (int l = 0; l < 8; l++) lane38[l] += lane38[l + 8];
+                for (int l = 0; l < 4; l++) lane38[l] += lane38[l + 4];
+                for (int l = 0; l < 2; l++) lane38[l] += lane38[l + 2];
+                for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
+                l33 = lane38[0];
             }
-            const float v46 = l25;
-            l24 = v46;
-            const float v47 = l27;
-            l26 = v47;
-            const int64_t v48 = 1ll;
-            const int64_t v49 = v23 + v48;
-            float l50 = 0;
-            float l51 = 0;
-            float l52 = 0;
-            float l53 = 0;
+            const float v68 = l25;
+            l24 = v68;
+            const float v69 = l27;
+            l26 = v69;
+            const float v70 = l31;
+            l30 = v70;
+            const float v71 = l33;
+            l32 = v71;
+            const int64_t v72 = 1ll;
+            const int64_t v73 = 0ll;
+            const int64_t v74 = i21 + v72;
+            const int64_t v75 = v74 * v14;
+            const int64_t v76 = v11 + v75;
+            const int64_t v77 = d_N - v72;
+            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
+            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
+            const int64_t v80 = v76 + v28;
+            const int64_t v81 = d_N - v72;
+            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
+            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
             {
-                float lane55[32];
-                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
-                float lane56[32];
-                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
-                int64_t r57 = v1;
-                for (; r57 + 32 <= d_D; r57 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i54 = r57 + l;
-                        const float v58 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v59 = v58 * v58;
-                        lane55[l] += v59;
-                        const float v60 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v61 = opgen_bf16_to_f32(p_w[i54]);
-                        const float v62 = v60 * v61;
-                        const float v63 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v64 = v62 * v63;
-                        lane56[l] += v64;
-                    }
-                }
-                for (int l = 0; r57 + l < d_D; l++) {
-                    {
-                        const int64_t i54 = r57 + l;
-                        const float v65 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v66 = v65 * v65;
-                        lane55[l] += v66;
-                        const float v67 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
-                        const float v68 = opgen_bf16_to_f32(p_w[i54]);
-                        const float v69 = v67 * v68;
-                        const float v70 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
-                        const float v71 = v69 * v70;
-                        lane56[l] += v71;
-                    }
-                }
-                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
-                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
-                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
-                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
-                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
-                l51 = lane55[0];
-                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
-                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
-                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
-                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
-                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
-                l53 = lane56[0];
-            }
-            const float v72 = l51;
-            l50 = v72;
-            const float v73 = l53;
-            l52 = v73;
-            const int64_t v74 = 1ll;
-            const int64_t v75 = 0ll;
-            const int64_t v76 = i21 + v74;
-            const int64_t v77 = v76 * v14;
-            const int64_t v78 = v11 + v77;
-            const int64_t v79 = d_N - v74;
-            const int64_t v80 = ((v78 < v79 || v78 != v78) ? v78 : v79);
-            const int64_t v81 = ((v80 > v75 || v80 != v80) ? v80 : v75);
-            const int64_t v82 = v78 + v48;
-            const int64_t v83 = d_N - v74;
-            const int64_t v84 = ((v82 < v83 || v82 != v82) ? v82 : v83);
-            const int64_t v85 = ((v84 > v75 || v84 != v84) ? v84 : v75);
-            {
-                int64_t r87 = v1;
-                int64_t e88 = r87 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r87] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e88 > d_D) e88 = d_D > r87 ? d_D : r87;
+                int64_t r85 = v1;
+                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
                 #pragma omp simd
-                for (int64_t i86 = r87; i86 < e88; i86++) {
-                    const float v89 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v90 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v91 = v89 * v90;
-                    const float v92 = l24;
-                    const float v93 = v92 / v7;
-                    const float v94 = v93 + v8;
-                    const float v95 = 1.0f / sqrtf(v94);
-                    const float v96 = v91 * v95;
-                    l10[i86] += v96;
-                    const float v97 = opgen_bf16_to_f32(p_w[i86]);
-                    const float v98 = v89 * v97;
-                    const float v99 = v98 * v95;
-                    const float v100 = l26;
-                    const float v101 = v100 / v7;
-                    const float v102 = v101 * v95;
-                    const float v103 = v102 * v95;
-                    const float v104 = v103 * v95;
-                    const float v105 = v90 * v104;
-                    const float v106 = v99 - v105;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v106);
-                    const float v107 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v108 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v109 = v107 * v108;
-                    const float v110 = l50;
-                    const float v111 = v110 / v7;
-                    const float v112 = v111 + v8;
-                    const float v113 = 1.0f / sqrtf(v112);
-                    const float v114 = v109 * v113;
-                    l10[i86] += v114;
-                    const float v115 = opgen_bf16_to_f32(p_w[i86]);
-                    const float v116 = v107 * v115;
-                    const float v117 = v116 * v113;
-                    const float v118 = l52;
-                    const float v119 = v118 / v7;
-                    const float v120 = v119 * v113;
-                    const float v121 = v120 * v113;
-                    const float v122 = v121 * v113;
-                    const float v123 = v108 * v122;
-                    const float v124 = v117 - v123;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v124);
+                for (int64_t i84 = r85; i84 < e86; i84++) {
+                    const float v87 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v88 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v89 = v87 * v88;
+                    const float v90 = l24;
+                    const float v91 = v90 / v7;
+                    const float v92 = v91 + v8;
+                    const float v93 = 1.0f / sqrtf(v92);
+                    const float v94 = v89 * v93;
+                    l10[i84] += v94;
+                    const float v95 = opgen_bf16_to_f32(p_w[i84]);
+                    const float v96 = v87 * v95;
+                    const float v97 = v96 * v93;
+                    const float v98 = l26;
+                    const float v99 = v98 / v7;
+                    const float v100 = v99 * v93;
+                    const float v101 = v100 * v93;
+                    const float v102 = v101 * v93;
+                    const float v103 = v88 * v102;
+                    const float v104 = v97 - v103;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v104);
+                    const float v105 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v106 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v107 = v105 * v106;
+                    const float v108 = l30;
+                    const float v109 = v108 / v7;
+                    const float v110 = v109 + v8;
+                    const float v111 = 1.0f / sqrtf(v110);
+                    const float v112 = v107 * v111;
+                    l10[i84] += v112;
+                    const float v113 = opgen_bf16_to_f32(p_w[i84]);
+                    const float v114 = v105 * v113;
+                    const float v115 = v114 * v111;
+                    const float v116 = l32;
+                    const float v117 = v116 / v7;
+                    const float v118 = v117 * v111;
+                    const float v119 = v118 * v111;
+                    const float v120 = v119 * v111;
+                    const float v121 = v106 * v120;
+                    const float v122 = v115 - v121;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v122);
                 }
-                r87 = e88;
-                for (; r87 + 32 <= d_D; r87 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r87, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r87, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v81] + r87, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v85] + r87, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v85] + r87, 0);
-                    _Alignas(64) float stg125[32];
-                    _Alignas(64) float stg126[32];
+                r85 = e86;
+                for (; r85 + 32 <= d_D; r85 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
+                    _Alignas(64) float stg123[32];
+                    _Alignas(64) float stg124[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i86 = r87 + l; (void)i86;
-                        const float v127 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                        const float v128 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
-                        const float v129 = v127 * v128;
-                        const float v130 = l24;
-                        const float v131 = v130 / v7;
-                        const float v132 = v131 + v8;
-                        const float v133 = 1.0f / sqrtf(v132);
-                        const float v134 = v129 * v133;
-                        l10[i86] += v134;
-                        const float v135 = opgen_bf16_to_f32(p_w[i86]);
-                        const float v136 = v127 * v135;
-                        const float v137 = v136 * v133;
-                        const float v138 = l26;
-                        const float v139 = v138 / v7;
-                        const float v140 = v139 * v133;
-                        const float v141 = v140 * v133;
-                        const float v142 = v141 * v133;
-                        const float v143 = v128 * v142;
-                        const float v144 = v137 - v143;
-                        stg125[l] = v144;
-                        const float v145 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                        const float v146 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
-                        const float v147 = v145 * v146;
-                        const float v148 = l50;
-                        const float v149 = v148 / v7;
-                        const float v150 = v149 + v8;
-                        const float v151 = 1.0f / sqrtf(v150);
-                        const float v152 = v147 * v151;
-                        l10[i86] += v152;
-                        const float v153 = opgen_bf16_to_f32(p_w[i86]);
-                        const float v154 = v145 * v153;
-                        const float v155 = v154 * v151;
-                        const float v156 = l52;
-                        const float v157 = v156 / v7;
-                        const float v158 = v157 * v151;
-                        const float v159 = v158 * v151;
-                        const float v160 = v159 * v151;
-                        const float v161 = v146 * v160;
-                        const float v162 = v155 - v161;
-                        stg126[l] = v162;
+                        const int64_t i84 = r85 + l; (void)i84;
+                        const float v125 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                        const float v126 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
+                        const float v127 = v125 * v126;
+                        const float v128 = l24;
+                        const float v129 = v128 / v7;
+                        const float v130 = v129 + v8;
+                        const float v131 = 1.0f / sqrtf(v130);
+                        const float v132 = v127 * v131;
+                        l10[i84] += v132;
+                        const float v133 = opgen_bf16_to_f32(p_w[i84]);
+                        const float v134 = v125 * v133;
+                        const float v135 = v134 * v131;
+                        const float v136 = l26;
+                        const float v137 = v136 / v7;
+                        const float v138 = v137 * v131;
+                        const float v139 = v138 * v131;
+                        const float v140 = v139 * v131;
+                        const float v141 = v126 * v140;
+                        const float v142 = v135 - v141;
+                        stg123[l] = v142;
+                        const float v143 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                        const float v144 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
+                        const float v145 = v143 * v144;
+                        const float v146 = l30;
+                        const float v147 = v146 / v7;
+                        const float v148 = v147 + v8;
+                        const float v149 = 1.0f / sqrtf(v148);
+                        const float v150 = v145 * v149;
+                        l10[i84] += v150;
+                        const float v151 = opgen_bf16_to_f32(p_w[i84]);
+                        const float v152 = v143 * v151;
+                        const float v153 = v152 * v149;
+                        const float v154 = l32;
+                        const float v155 = v154 / v7;
+                        const float v156 = v155 * v149;
+                        const float v157 = v156 * v149;
+                        const float v158 = v157 * v149;
+                        const float v159 = v144 * v158;
+                        const float v160 = v153 - v159;
+                        stg124[l] = v160;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r87], 1, stg125, 32, nt_p_grad_x);
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r87], 1, stg126, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i86 = r87; i86 < d_D; i86++) {
-                    const float v163 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i86]);
-                    const float v164 = opgen_bf16_to_f32(p_x[ro_x[v23] + i86]);
-                    const float v165 = v163 * v164;
-                    const float v166 = l24;
-                    const float v167 = v166 / v7;
-                    const float v168 = v167 + v8;
-                    const float v169 = 1.0f / sqrtf(v168);
-                    const float v170 = v165 * v169;
-                    l10[i86] += v170;
-                    const float v171 = opgen_bf16_to_f32(p_w[i86]);
-                    const float v172 = v163 * v171;
-                    const float v173 = v172 * v169;
-                    const float v174 = l26;
-                    const float v175 = v174 / v7;
-                    const float v176 = v175 * v169;
-                    const float v177 = v176 * v169;
-                    const float v178 = v177 * v169;
-                    const float v179 = v164 * v178;
-                    const float v180 = v173 - v179;
-                    p_grad_x[ro_grad_x[v23] + i86] = opgen_f32_to_bf16(v180);
-                    const float v181 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i86]);
-                    const float v182 = opgen_bf16_to_f32(p_x[ro_x[v49] + i86]);
-                    const float v183 = v181 * v182;
-                    const float v184 = l50;
-                    const float v185 = v184 / v7;
-                    const float v186 = v185 + v8;
-                    const float v187 = 1.0f / sqrtf(v186);
-                    const float v188 = v183 * v187;
-                    l10[i86] += v188;
-                    const float v189 = opgen_bf16_to_f32(p_w[i86]);
-                    const float v190 = v181 * v189;
-                    const float v191 = v190 * v187;
-                    const float v192 = l52;
-                    const float v193 = v192 / v7;
-                    const float v194 = v193 * v187;
-                    const float v195 = v194 * v187;
-                    const float v196 = v195 * v187;
-                    const float v197 = v182 * v196;
-                    const float v198 = v191 - v197;
-                    p_grad_x[ro_grad_x[v49] + i86] = opgen_f32_to_bf16(v198);
+                for (int64_t i84 = r85; i84 < d_D; i84++) {
+                    const float v161 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
+                    const float v162 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
+                    const float v163 = v161 * v162;
+                    const float v164 = l24;
+                    const float v165 = v164 / v7;
+                    const float v166 = v165 + v8;
+                    const float v167 = 1.0f / sqrtf(v166);
+                    const float v168 = v163 * v167;
+                    l10[i84] += v168;
+                    const float v169 = opgen_bf16_to_f32(p_w[i84]);
+                    const float v170 = v161 * v169;
+                    const float v171 = v170 * v167;
+                    const float v172 = l26;
+                    const float v173 = v172 / v7;
+                    const float v174 = v173 * v167;
+                    const float v175 = v174 * v167;
+                    const float v176 = v175 * v167;
+                    const float v177 = v162 * v176;
+                    const float v178 = v171 - v177;
+                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v178);
+                    const float v179 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
+                    const float v180 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
+                    const float v181 = v179 * v180;
+                    const float v182 = l30;
+                    const float v183 = v182 / v7;
+                    const float v184 = v183 + v8;
+                    const float v185 = 1.0f / sqrtf(v184);
+                    const float v186 = v181 * v185;
+                    l10[i84] += v186;
+                    const float v187 = opgen_bf16_to_f32(p_w[i84]);
+                    const float v188 = v179 * v187;
+                    const float v189 = v188 * v185;
+                    const float v190 = l32;
+                    const float v191 = v190 / v7;
+                    const float v192 = v191 * v185;
+                    const float v193 = v192 * v185;
+                    const float v194 = v193 * v185;
+                    const float v195 = v180 * v194;
+                    const float v196 = v189 - v195;
+                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v196);
                 }
             }
         }
-        for (int64_t i199 = v20; i199 < v13; i199++) {
+        for (int64_t i197 = v20; i197 < v13; i197++) {
+            float l198 = 0;
+            float l199 = 0;
             float l200 = 0;
             float l201 = 0;
-            float l202 = 0;
-            float l203 = 0;
             {
-                float lane205[32];
-                for (int l = 0; l < 32; l++) lane205[l] = l ? 0 : l201;
-                float lane206[32];
-                for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
-                int64_t r207 = v1;
-                for (; r207 + 32 <= d_D; r207 += 32) {
+                float lane203[32];
+                for (int l = 0; l < 32; l++) lane203[l] = l ? 0 : l199;
+                float lane204[32];
+                for (int l = 0; l < 32; l++) lane204[l] = l ? 0 : l201;
+                int64_t r205 = v1;
+                for (; r205 + 32 <= d_D; r205 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i204 = r207 + l;
-                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v209 = v208 * v208;
-                        lane205[l] += v209;
-                        const float v210 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v211 = opgen_bf16_to_f32(p_w[i204]);
+                        const int64_t i202 = r205 + l;
+                        const float v206 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
+                        const float v207 = v206 * v206;
+                        lane203[l] += v207;
+                        const float v208 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
+                        const float v209 = opgen_bf16_to_f32(p_w[i202]);
+                        const float v210 = v208 * v209;
+                        const float v211 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
                         const float v212 = v210 * v211;
-                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v214 = v212 * v213;
-                        lane206[l] += v214;
+                        lane204[l] += v212;
                     }
                 }
-                for (int l = 0; r207 + l < d_D; l++) {
+                for (int l = 0; r205 + l < d_D; l++) {
                     {
-                        const int64_t i204 = r207 + l;
-                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v216 = v215 * v215;
-                        lane205[l] += v216;
-                        const float v217 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i204]);
-                        const float v218 = opgen_bf16_to_f32(p_w[i204]);
+                        const int64_t i202 = r205 + l;
+                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
+                        const float v214 = v213 * v213;
+                        lane203[l] += v214;
+                        const float v215 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
+                        const float v216 = opgen_bf16_to_f32(p_w[i202]);
+                        const float v217 = v215 * v216;
+                        const float v218 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
                         const float v219 = v217 * v218;
-                        const float v220 = opgen_bf16_to_f32(p_x[ro_x[i199] + i204]);
-                        const float v221 = v219 * v220;
-                        lane206[l] += v221;
+                        lane204[l] += v219;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane205[l] += lane205[l + 16];
-                for (int l = 0; l < 8; l++) lane205[l] += lane205[l + 8];
-                for (int l = 0; l < 4; l++) lane205[l] += lane205[l + 4];
-                for (int l = 0; l < 2; l++) lane205[l] += lane205[l + 2];
-                for (int l = 0; l < 1; l++) lane205[l] += lane205[l + 1];
-                l201 = lane205[0];
-                for (int l = 0; l < 16; l++) lane206[l] += lane206[l + 16];
-                for (int l = 0; l < 8; l++) lane206[l] += lane206[l + 8];
-                for (int l = 0; l < 4; l++) lane206[l] += lane206[l + 4];
-                for (int l = 0; l < 2; l++) lane206[l] += lane206[l + 2];
-                for (int l = 0; l < 1; l++) lane206[l] += lane206[l + 1];
-                l203 = lane206[0];
+                for (int l = 0; l < 16; l++) lane203[l] += lane203[l + 16];
+                for (int l = 0; l < 8; l++) lane203[l] += lane203[l + 8];
+                for (int l = 0; l < 4; l++) lane203[l] += lane203[l + 4];
+                for (int l = 0; l < 2; l++) lane203[l] += lane203[l + 2];
+                for (int l = 0; l < 1; l++) lane203[l] += lane203[l + 1];
+                l199 = lane203[0];
+                for (int l = 0; l < 16; l++) lane204[l] += lane204[l + 16];
+                for (int l = 0; l < 8; l++) lane204[l] += lane204[l + 8];
+                for (int l = 0; l < 4; l++) lane204[l] += lane204[l + 4];
+                for (int l = 0; l < 2; l++) lane204[l] += lane204[l + 2];
+                for (int l = 0; l < 1; l++) lane204[l] += lane204[l + 1];
+                l201 = lane204[0];
             }
-            const float v222 = l201;
-            l200 = v222;
-            const float v223 = l203;
-            l202 = v223;
-            const int64_t v224 = 1ll;
-            const int64_t v225 = 0ll;
-            const int64_t v226 = i199 + v224;
-            const int64_t v227 = d_N - v224;
-            const int64_t v228 = ((v226 < v227 || v226 != v226) ? v226 : v227);
-            const int64_t v229 = ((v228 > v225 || v228 != v228) ? v228 : v225);
+            const float v220 = l199;
+            l198 = v220;
+            const float v221 = l201;
+            l200 = v221;
+            const int64_t v222 = 1ll;
+            const int64_t v223 = 0ll;
+            const int64_t v224 = i197 + v222;
+            const int64_t v225 = d_N - v222;
+            const int64_t v226 = ((v224 < v225 || v224 != v224) ? v224 : v225);
+            const int64_t v227 = ((v226 > v223 || v226 != v226) ? v226 : v223);
             {
-                int64_t r231 = v1;
-                int64_t e232 = r231 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i199] + r231] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e232 > d_D) e232 = d_D > r231 ? d_D : r231;
+                int64_t r229 = v1;
+                int64_t e230 = r229 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i197] + r229] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e230 > d_D) e230 = d_D > r229 ? d_D : r229;
                 #pragma omp simd
-                for (int64_t i230 = r231; i230 < e232; i230++) {
-                    const float v233 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v234 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v235 = v233 * v234;
-                    const float v236 = l200;
-                    const float v237 = v236 / v7;
-                    const float v238 = v237 + v8;
-                    const float v239 = 1.0f / sqrtf(v238);
-                    const float v240 = v235 * v239;
-                    l10[i230] += v240;
-                    const float v241 = opgen_bf16_to_f32(p_w[i230]);
-                    const float v242 = v233 * v241;
-                    const float v243 = v242 * v239;
-                    const float v244 = l202;
-                    const float v245 = v244 / v7;
-                    const float v246 = v245 * v239;
-                    const float v247 = v246 * v239;
-                    const float v248 = v247 * v239;
-                    const float v249 = v234 * v248;
-                    const float v250 = v243 - v249;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v250);
+                for (int64_t i228 = r229; i228 < e230; i228++) {
+                    const float v231 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
+                    const float v232 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                    const float v233 = v231 * v232;
+                    const float v234 = l198;
+                    const float v235 = v234 / v7;
+                    const float v236 = v235 + v8;
+                    const float v237 = 1.0f / sqrtf(v236);
+                    const float v238 = v233 * v237;
+                    l10[i228] += v238;
+                    const float v239 = opgen_bf16_to_f32(p_w[i228]);
+                    const float v240 = v231 * v239;
+                    const float v241 = v240 * v237;
+                    const float v242 = l200;
+                    const float v243 = v242 / v7;
+                    const float v244 = v243 * v237;
+                    const float v245 = v244 * v237;
+                    const float v246 = v245 * v237;
+                    const float v247 = v232 * v246;
+                    const float v248 = v241 - v247;
+                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v248);
                 }
-                r231 = e232;
-                for (; r231 + 32 <= d_D; r231 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i199] + r231, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v229] + r231, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v229] + r231, 0);
-                    _Alignas(64) float stg251[32];
+                r229 = e230;
+                for (; r229 + 32 <= d_D; r229 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i197] + r229, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v227] + r229, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v227] + r229, 0);
+                    _Alignas(64) float stg249[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i230 = r231 + l; (void)i230;
-                        const float v252 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                        const float v253 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
-                        const float v254 = v252 * v253;
-                        const float v255 = l200;
-                        const float v256 = v255 / v7;
-                        const float v257 = v256 + v8;
-                        const float v258 = 1.0f / sqrtf(v257);
-                        const float v259 = v254 * v258;
-                        l10[i230] += v259;
-                        const float v260 = opgen_bf16_to_f32(p_w[i230]);
-                        const float v261 = v252 * v260;
-                        const float v262 = v261 * v258;
-                        const float v263 = l202;
-                        const float v264 = v263 / v7;
-                        const float v265 = v264 * v258;
-                        const float v266 = v265 * v258;
-                        const float v267 = v266 * v258;
-                        const float v268 = v253 * v267;
-                        const float v269 = v262 - v268;
-                        stg251[l] = v269;
+                        const int64_t i228 = r229 + l; (void)i228;
+                        const float v250 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
+                        const float v251 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                        const float v252 = v250 * v251;
+                        const float v253 = l198;
+                        const float v254 = v253 / v7;
+                        const float v255 = v254 + v8;
+                        const float v256 = 1.0f / sqrtf(v255);
+                        const float v257 = v252 * v256;
+                        l10[i228] += v257;
+                        const float v258 = opgen_bf16_to_f32(p_w[i228]);
+                        const float v259 = v250 * v258;
+                        const float v260 = v259 * v256;
+                        const float v261 = l200;
+                        const float v262 = v261 / v7;
+                        const float v263 = v262 * v256;
+                        const float v264 = v263 * v256;
+                        const float v265 = v264 * v256;
+                        const float v266 = v251 * v265;
+                        const float v267 = v260 - v266;
+                        stg249[l] = v267;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i199] + r231], 1, stg251, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i197] + r229], 1, stg249, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i230 = r231; i230 < d_D; i230++) {
-                    const float v270 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i199] + i230]);
-                    const float v271 = opgen_bf16_to_f32(p_x[ro_x[i199] + i230]);
-                    const float v272 = v270 * v271;
-                    const float v273 = l200;
-                    const float v274 = v273 / v7;
-                    const float v275 = v274 + v8;
-                    const float v276 = 1.0f / sqrtf(v275);
-                    const float v277 = v272 * v276;
-                    l10[i230] += v277;
-                    const float v278 = opgen_bf16_to_f32(p_w[i230]);
-                    const float v279 = v270 * v278;
-                    const float v280 = v279 * v276;
-                    const float v281 = l202;
-                    const float v282 = v281 / v7;
-                    const float v283 = v282 * v276;
-                    const float v284 = v283 * v276;
-                    const float v285 = v284 * v276;
-                    const float v286 = v271 * v285;
-                    const float v287 = v280 - v286;
-                    p_grad_x[ro_grad_x[i199] + i230] = opgen_f32_to_bf16(v287);
+                for (int64_t i228 = r229; i228 < d_D; i228++) {
+                    const float v268 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
+                    const float v269 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                    const float v270 = v268 * v269;
+                    const float v271 = l198;
+                    const float v272 = v271 / v7;
+                    const float v273 = v272 + v8;
+                    const float v274 = 1.0f / sqrtf(v273);
+                    const float v275 = v270 * v274;
+                    l10[i228] += v275;
+                    const float v276 = opgen_bf16_to_f32(p_w[i228]);
+                    const float v277 = v268 * v276;
+                    const float v278 = v277 * v274;
+                    const float v279 = l200;
+                    const float v280 = v279 / v7;
+                    const float v281 = v280 * v274;
+                    const float v282 = v281 * v274;
+                    const float v283 = v282 * v274;
+                    const float v284 = v269 * v283;
+                    const float v285 = v278 - v284;
+                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v285);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i288 = v1; i288 < d_D; i288++) {
-            const float v289 = l10[i288];
-            t5[i9 * d_D + i288] = v289;
+        for (int64_t i286 = v1; i286 < d_D; i286++) {
+            const float v287 = l10[i286];
+            t5[i9 * d_D + i286] = v287;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v290 = 64ll;
-    const int64_t v291 = 0ll;
-    const int64_t v292 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v288 = 64ll;
+    const int64_t v289 = 0ll;
+    const int64_t v290 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i293 = v291; i293 < v292; i293++) {
-        const int64_t v294 = i293 * v290;
-        const int64_t v295 = d_D - v294;
-        const int64_t v296 = ((v290 < v295 || v290 != v290) ? v290 : v295);
-        float *restrict l297 = l297_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l297, sizeof(float) * (size_t)64ll);
-        const int64_t v298 = 2ll;
-        const int64_t v299 = 0ll;
-        const int64_t v300 = v4 - v1;
-        const int64_t v301 = ((v300 > v299 || v300 != v300) ? v300 : v299);
-        const int64_t v302 = (v298 == 0 ? (int64_t)0 : v298 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v301) : (int64_t)(v301 / v298));
-        const int64_t v303 = v302 * v298;
-        const int64_t v304 = v1 + v303;
-        for (int64_t i305 = v299; i305 < v302; i305++) {
-            const int64_t v306 = i305 * v298;
-            const int64_t v307 = v1 + v306;
-            const int64_t v308 = 1ll;
-            const int64_t v309 = v307 + v308;
+    for (int64_t i291 = v289; i291 < v290; i291++) {
+        const int64_t v292 = i291 * v288;
+        const int64_t v293 = d_D - v292;
+        const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
+        float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l295, sizeof(float) * (size_t)64ll);
+        const int64_t v296 = 2ll;
+        const int64_t v297 = 0ll;
+        const int64_t v298 = v4 - v1;
+        const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
+        const int64_t v300 = (v296 == 0 ? (int64_t)0 : v296 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v299) : (int64_t)(v299 / v296));
+        const int64_t v301 = v300 * v296;
+        const int64_t v302 = v1 + v301;
+        for (int64_t i303 = v297; i303 < v300; i303++) {
+            const int64_t v304 = i303 * v296;
+            const int64_t v305 = v1 + v304;
+            const int64_t v306 = 1ll;
+            const int64_t v307 = v305 + v306;
             #pragma omp simd
-            for (int64_t i310 = v291; i310 < v296; i310++) {
-                const int64_t v311 = v294 + i310;
+            for (int64_t i308 = v289; i308 < v294; i308++) {
+                const int64_t v309 = v292 + i308;
+                const float v310 = t5[v305 * d_D + v309];
+                l295[i308] += v310;
+                const int64_t v311 = v292 + i308;
                 const float v312 = t5[v307 * d_D + v311];
-                l297[i310] += v312;
-                const int64_t v313 = v294 + i310;
-                const float v314 = t5[v309 * d_D + v313];
-                l297[i310] += v314;
+                l295[i308] += v312;
             }
         }
-        for (int64_t i315 = v304; i315 < v4; i315++) {
+        for (int64_t i313 = v302; i313 < v4; i313++) {
             #pragma omp simd
-            for (int64_t i316 = v291; i316 < v296; i316++) {
-                const int64_t v317 = v294 + i316;
-                const float v318 = t5[i315 * d_D + v317];
-                l297[i316] += v318;
+            for (int64_t i314 = v289; i314 < v294; i314++) {
+                const int64_t v315 = v292 + i314;
+                const float v316 = t5[i313 * d_D + v315];
+                l295[i314] += v316;
             }
         }
-        for (int64_t i319 = v291; i319 < v296; i319++) {
-            const int64_t v320 = v294 + i319;
-            const float v321 = l297[i319];
-            p_grad_w[v320] = opgen_f32_to_bf16(v321);
+        for (int64_t i317 = v289; i317 < v294; i317++) {
+            const int64_t v318 = v292 + i317;
+            const float v319 = l295[i317];
+            p_grad_w[v318] = opgen_f32_to_bf16(v319);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -315,7 +315,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -343,7 +343,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -445,7 +445,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -939,7 +939,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -967,7 +967,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -1069,7 +1069,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -1623,7 +1623,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -1654,7 +1654,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[6].data;
@@ -1782,7 +1782,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[6].data;
@@ -2367,7 +2367,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -2398,7 +2398,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[6].data;
@@ -2526,7 +2526,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[6].data;
@@ -3051,7 +3051,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -3079,7 +3079,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -3181,7 +3181,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -3675,7 +3675,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -3703,7 +3703,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -3805,7 +3805,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -4299,7 +4299,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -4327,7 +4327,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -4429,7 +4429,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -4923,7 +4923,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -4951,7 +4951,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -5053,7 +5053,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -5547,7 +5547,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -5575,7 +5575,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -5677,7 +5677,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -6171,7 +6171,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -6199,7 +6199,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;
@@ -6301,7 +6301,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const uint16_t *__restrict__ p_input = (const uint16_t *)a.bufs[1].data;
     const int64_t st_input_0 = a.bufs[1].st[0];
     const int64_t st_input_1 = a.bufs[1].st[1];
-    const bool *__restrict__ p_target_mask = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_target_mask = (const uint8_t *)a.bufs[3].data;
     const int64_t st_target_mask_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_softmax = (const float *)a.bufs[8].data;

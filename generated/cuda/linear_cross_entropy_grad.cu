@@ -3,7 +3,7 @@
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entropy_grad_f16_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -12,7 +12,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const int64_t v2 = d_BT;
     const int64_t v3 = d_V;
     for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v5 = p_no_target[i4 * st_no_target_0];
+        const bool v5 = (p_no_target[i4 * st_no_target_0] != 0);
         const int64_t v6 = p_target[i4];
         const bool v7 = v6 >= v1;
         const bool v8 = v6 < v3;
@@ -34,7 +34,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[5].data;
@@ -114,7 +114,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
                     const float v60 = p_logits_max[v59 * st_logits_max_0];
                     const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
                     const int64_t v62 = p_target[v59];
-                    const bool v63 = p_no_target[v59 * st_no_target_0];
+                    const bool v63 = (p_no_target[v59 * st_no_target_0] != 0);
                     const bool v64 = !v63;
                     const float v65 = p_grad[v59 * st_grad_0];
                     const int64_t v66 = v38 + i58;
@@ -162,7 +162,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[5].data;
@@ -242,7 +242,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
                     const float v135 = p_logits_max[v134 * st_logits_max_0];
                     const float v136 = p_sum_exp_logits[v134 * st_sum_exp_logits_0];
                     const int64_t v137 = p_target[v134];
-                    const bool v138 = p_no_target[v134 * st_no_target_0];
+                    const bool v138 = (p_no_target[v134 * st_no_target_0] != 0);
                     const bool v139 = !v138;
                     const float v140 = p_grad[v134 * st_grad_0];
                     const int64_t v141 = v97 + i133;
@@ -358,7 +358,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entropy_grad_bf16_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -367,7 +367,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const int64_t v2 = d_BT;
     const int64_t v3 = d_V;
     for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v5 = p_no_target[i4 * st_no_target_0];
+        const bool v5 = (p_no_target[i4 * st_no_target_0] != 0);
         const int64_t v6 = p_target[i4];
         const bool v7 = v6 >= v1;
         const bool v8 = v6 < v3;
@@ -389,7 +389,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[5].data;
@@ -469,7 +469,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
                     const float v60 = p_logits_max[v59 * st_logits_max_0];
                     const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
                     const int64_t v62 = p_target[v59];
-                    const bool v63 = p_no_target[v59 * st_no_target_0];
+                    const bool v63 = (p_no_target[v59 * st_no_target_0] != 0);
                     const bool v64 = !v63;
                     const float v65 = p_grad[v59 * st_grad_0];
                     const int64_t v66 = v38 + i58;
@@ -517,7 +517,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const uint16_t *__restrict__ p_weight = (const uint16_t *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[5].data;
@@ -597,7 +597,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
                     const float v135 = p_logits_max[v134 * st_logits_max_0];
                     const float v136 = p_sum_exp_logits[v134 * st_sum_exp_logits_0];
                     const int64_t v137 = p_target[v134];
-                    const bool v138 = p_no_target[v134 * st_no_target_0];
+                    const bool v138 = (p_no_target[v134 * st_no_target_0] != 0);
                     const bool v139 = !v138;
                     const float v140 = p_grad[v134 * st_grad_0];
                     const int64_t v141 = v97 + i133;
@@ -713,7 +713,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
 
 static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entropy_grad_f32_k0(const opgen_cuda_args_t a) {
     if (*a.err) return; /* an earlier step of this call failed: write nothing */
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
@@ -722,7 +722,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const int64_t v2 = d_BT;
     const int64_t v3 = d_V;
     for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        const bool v5 = p_no_target[i4 * st_no_target_0];
+        const bool v5 = (p_no_target[i4 * st_no_target_0] != 0);
         const int64_t v6 = p_target[i4];
         const bool v7 = v6 >= v1;
         const bool v8 = v6 < v3;
@@ -744,7 +744,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const float *__restrict__ p_weight = (const float *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[5].data;
@@ -824,7 +824,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
                     const float v60 = p_logits_max[v59 * st_logits_max_0];
                     const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
                     const int64_t v62 = p_target[v59];
-                    const bool v63 = p_no_target[v59 * st_no_target_0];
+                    const bool v63 = (p_no_target[v59 * st_no_target_0] != 0);
                     const bool v64 = !v63;
                     const float v65 = p_grad[v59 * st_grad_0];
                     const int64_t v66 = v38 + i58;
@@ -872,7 +872,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
     const float *__restrict__ p_weight = (const float *)a.bufs[2].data;
     const int64_t st_weight_0 = a.bufs[2].st[0];
     const int64_t st_weight_1 = a.bufs[2].st[1];
-    const bool *__restrict__ p_no_target = (const bool *)a.bufs[3].data;
+    const uint8_t *__restrict__ p_no_target = (const uint8_t *)a.bufs[3].data;
     const int64_t st_no_target_0 = a.bufs[3].st[0];
     const int64_t *__restrict__ p_target = (const int64_t *)a.bufs[4].data;
     const float *__restrict__ p_logits_max = (const float *)a.bufs[5].data;
@@ -952,7 +952,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_linear_cross_entr
                     const float v135 = p_logits_max[v134 * st_logits_max_0];
                     const float v136 = p_sum_exp_logits[v134 * st_sum_exp_logits_0];
                     const int64_t v137 = p_target[v134];
-                    const bool v138 = p_no_target[v134 * st_no_target_0];
+                    const bool v138 = (p_no_target[v134 * st_no_target_0] != 0);
                     const bool v139 = !v138;
                     const float v140 = p_grad[v134 * st_grad_0];
                     const int64_t v141 = v97 + i133;

@@ -206,8 +206,8 @@ static __global__ void opgen_convert_k(void *dst, const void *src, int from, int
         switch (from) {
         case OPGEN_BOOL: {
             const bool *s = (const bool *)src;
-            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
-            if (to == OPGEN_BOOL) ((bool *)dst)[e] = s[o];
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)((s[o] != 0));
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
             break;
         }
         case OPGEN_I8: {

@@ -85,6 +85,8 @@ def c_widen(raw: str, d: DType) -> str:
         return f"opgen_bf16_to_f32({raw})"
     if d == dtypes.F16:
         return f"opgen_f16_to_f32({raw})"
+    if d == dtypes.BOOL:  # (stored as uint8_t: below)
+        return f"({raw} != 0)"
     return raw
 
 
@@ -136,8 +138,9 @@ class CPrinter:
                                              "f16": "opgen_f16_store_strip"}
     #: a staged load's strip load by the buffer's dtype: ``staged`` loads of a dtype whose
     #: block conversion beats converting value by value (f16; bf16's widening is two vector
-    #: instructions already)
-    STRIP_LOAD: ClassVar[dict[str, str]] = {"f16": "opgen_f16_load_strip"}
+    #: instructions already), and bool masks: GCC 12 vectorises a strip of 16 lanes mixing
+    #: 1-byte flags with 4-byte values in 8-byte vectors (13x slower than the flags widened first)
+    STRIP_LOAD: ClassVar[dict[str, str]] = {"f16": "opgen_f16_load_strip", "bool": "opgen_bool_load_strip"}
     #: ... and of one whose value is the same all along the loop (a row of zeros): a fill
     FILL_STRIP: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_fill_strip", "f32": "opgen_f32_fill_strip",
                                             "f16": "opgen_f16_fill_strip"}
@@ -184,8 +187,13 @@ class CPrinter:
         return d.c_type
 
     def storage_ctype(self, b: s.BufType) -> str:
+        """C type of a buffer's elements: a caller's tensor in its dtype (bool flags as uint8_t:
+        GCC 12 vectorises no loop loading a _Bool; they are read as ``!= 0``), scratch in the
+        compute type."""
         d = self.dtype(b.dtype)
-        return d.c_type if b.role.data in ("in", "out") else d.compute.c_type
+        if b.role.data not in ("in", "out"):
+            return d.compute.c_type
+        return "uint8_t" if d == dtypes.BOOL else d.c_type
 
     def dim(self, d: str) -> str:
         """A caller's dim (a parameter's shape: a name or a number)."""

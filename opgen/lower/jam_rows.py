@@ -14,6 +14,8 @@ computes every row's term for column ``d`` and adds them into ``acc[d]`` in row 
 accumulator is read and written once per ``FACTOR`` rows. Each column's sum is the same chain of
 additions in the same order (``(acc + t_i) + t_{i+1}``), so the results are bitwise those of the
 row-at-a-time loop. The rows left over (fewer than ``FACTOR``) run in the original loop after it.
+(The first passes' reductions over the same range are siblings then; the CPU pipeline runs
+``fuse-reductions`` again to read the rows in one loop.)
 
 Pattern (before map-cpu, which then streams the jammed loop and prefetches each row's next rows:
 opgen/lower/cpu_map.py)::

@@ -20,9 +20,9 @@ from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
+from opgen.lower.to_loops import COLUMN_CHUNK, NotFusable, _Builder, _Lowering
 
-CHUNK = 32  # rows per partial of a column reduction
+CHUNK = COLUMN_CHUNK  # rows per partial of a column reduction
 
 
 def column_sum(v: SSAValue) -> ir.ReduceOp | None:
@@ -51,8 +51,7 @@ class RowGroupLowering(_Lowering):
     take partials per ``chunk`` rows."""
 
     def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int | None = None):
-        super().__init__(func, aliases)
-        self.chunk = chunk or CHUNK
+        super().__init__(func, aliases, chunk)
 
     def sinks(self, v: SSAValue) -> set[SSAValue]:
         """Materialised values / returned values that consume ``v`` through inlined ops."""
@@ -72,26 +71,6 @@ class RowGroupLowering(_Lowering):
                         if r not in seen:
                             seen.add(r)
                             todo.append(r)
-        return out
-
-    def sources(self, v: SSAValue) -> set[SSAValue]:
-        """Materialised values read (through inlined ops) to compute ``v``."""
-        out: set[SSAValue] = set()
-        todo = [v]
-        seen: set[SSAValue] = set()
-        while todo:
-            x = todo.pop()
-            op = x.owner
-            if not isinstance(op, Operation):
-                continue
-            for o in op.operands:
-                if o in seen:
-                    continue
-                seen.add(o)
-                if self.materialises(o.owner):
-                    out.add(o)
-                else:
-                    todo.append(o)
         return out
 
     def plan(self) -> list[RowGroup]:
@@ -157,9 +136,7 @@ class RowGroupLowering(_Lowering):
         grouped = {m for g in groups for m in g.rowlocal}
         grouped |= {v for g in groups for _, v in g.outputs}
         grouped |= {x for g in groups for name, r in g.colreds for x in (r.results[0], self.ret.output(name))}
-        for v in self.materialised():
-            if v not in grouped:
-                self.lower_value(v, self.temp(v))
+        self.lower_values([(v, self.temp(v)) for v in self.materialised() if v not in grouped])
         for g in groups:
             self.lower_group(g)
         return self.kernel
@@ -241,17 +218,6 @@ class RowGroupLowering(_Lowering):
             b.close()  # c
             for name, r, p, _ in partials:
                 self.combine_partials(r, p, self.arg(name), f"cdiv({x_dim},{self.chunk})")
-
-    def combine_partials(self, r: ir.ReduceOp, p: SSAValue, dst: SSAValue, nchunk: str) -> None:
-        b = _Builder(self.kblock)
-        rest = list(ir.tensor_type(r.result).shape)
-        inner = b.loops(rest, "parallel", "d")
-        acc = b.alloc([], ir.tensor_type(r.x).dtype, "local", zero=True)
-        (c,) = b.loops([nchunk], "serial", "c")
-        b.stmt(s.AccumOp("sum", b.scalar(s.LoadOp(p, [c, *inner])), acc.result, []))
-        b.close()
-        b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), dst, inner))
-        b.close_n(len(inner))
 
     def row_value(self, b: _Builder, m: SSAValue, x: SSAValue) -> None:
         """Compute row ``x`` of ``m`` into a per-row scratch buffer."""

@@ -78,7 +78,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py); a loop over a run-time
     # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py);
     # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py);
-    # rows whose second pass adds into column accumulators go two at a time (opgen/lower/jam_rows.py);
+    # rows whose second pass adds into column accumulators go two at a time (opgen/lower/jam_rows.py),
+    # the pair's first passes then fused by fuse-reductions again;
     # rows read through an index table are prefetched a few iterations ahead
     # (opgen/lower/gather_prefetch.py); an expensive function of one bf16/f16 element is looked up
     # in a table of its 65536 values (opgen/lower/tabulate.py).
@@ -86,8 +87,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
-            HoistPacking(), ColumnStrips(), JamRows(), MapCpu(), SpecialiseEmptyRanges(), PrefetchGathers(),
-            Tabulate()],
+            HoistPacking(), ColumnStrips(), JamRows(), FuseReductions(), MapCpu(), SpecialiseEmptyRanges(),
+            PrefetchGathers(), Tabulate()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
