@@ -34,13 +34,13 @@ def library() -> Any:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
     from tests.test_gemm_operands import OPS as GEMM_OPS
-    from tests.test_new_op_backends import BATCH_NORM, DROPOUT, GELU, GELU_TANH, LINEAR, LN_CAST, NARROW
+    from tests.test_new_op_backends import BATCH_NORM, DROPOUT, GELU, GELU_TANH, LINEAR, LN_CAST, NARROW, TRANSPOSED
     from tests.test_shapes_dsl import ROPE
 
     OPS.mkdir(parents=True, exist_ok=True)
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
                        ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW), ("gemm_ops.py", GEMM_OPS),
-                       ("batch_norm.py", BATCH_NORM), ("dropout.py", DROPOUT)):
+                       ("batch_norm.py", BATCH_NORM), ("dropout.py", DROPOUT), ("transposed.py", TRANSPOSED)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -185,6 +185,36 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
     return out
 
 
+def _layout_rows(lib: Any, alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
+                 dt: torch.dtype, shape: tuple[int, int], g: torch.Generator) -> list[dict]:
+    """A transposed input (y = 2 x^T, tiles: tile-transposes) and sums over the middle axis of
+    (B, N, D) (walked along rows): memory-bound, no in-cache estimate (their rows do not fit)."""
+    N, D = shape
+    name = str(dt)[6:]
+    es = torch.tensor([], dtype=dt).element_size()
+    npdt = np_of(torch.zeros(1, dtype=dt)).dtype
+    x = torch.randn(N, D, generator=g).to(dt)
+    kw = {"x": np_of(x), "y": aligned_zeros((D, N), npdt)}
+    theirs = _fastest([lambda: (x.T * 2.0).contiguous(), lambda: x.T.contiguous().mul_(2.0)])
+    t_o, t_t = alternate(lambda: runtime.call("transpose_scale", lib=lib, x=kw["x"]), theirs, 9)
+    nbytes = 2 * N * D * es
+    out = [{"row": f"new: transpose (y = 2 x^T) {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+            "bytes": nbytes, **given_ms(lambda: runtime.call("transpose_scale", lib=lib, **kw), nbytes)}]
+    B = N // 64
+    x3 = x.reshape(B, 64, D)
+
+    def theirs3() -> tuple[torch.Tensor, torch.Tensor]:
+        t = x3.float().sum(1)
+        return t.to(dt), (t * 2.0).T.contiguous().to(dt)
+
+    kw = {"x": np_of(x3), "y": aligned_zeros((B, D), npdt), "yt": aligned_zeros((D, B), npdt)}
+    t_o, t_t = alternate(lambda: runtime.call("token_sums", lib=lib, x=kw["x"]), theirs3, 9)
+    out.append({"row": f"new: sums over the middle axis {B}x64x{D} {name}", "ours_ms": t_o * 1e3,
+                "torch_ms": t_t * 1e3, "bytes": N * D * es,
+                **given_ms(lambda: runtime.call("token_sums", lib=lib, **kw), N * D * es)})
+    return out
+
+
 def _rope_row(lib: Any, alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
               dt: torch.dtype, shape: tuple[int, int, int], g: torch.Generator) -> dict:
     """Rotary-embedding backward (Llama's rotate-half form) on (N, H, D): memory-bound."""
@@ -226,6 +256,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
     for dt in (torch.float32, torch.bfloat16):
         out += _memory_bound_rows(lib, alternate, np_of, dt, (N, D), g)
         out.append(_rope_row(lib, alternate, np_of, dt, (1024, 8, 64) if quick else (4096, 32, 128), g))
+        out += _layout_rows(lib, alternate, np_of, dt, (N, D), g)
     # a linear layer with bias and ReLU (f32): compute-bound
     M, K, F = (512, 256, 256) if quick else (4096, 2048, 2048)
     xl, wl, bl = torch.randn(M, K, generator=g), torch.randn(F, K, generator=g), torch.randn(F, generator=g)

@@ -302,6 +302,13 @@ def centre_tokens(x: Tensor[T, B, N, C], *, y: Output[T, B, N, C]):
     """y = x - its mean over the batch and the tokens (a column sum over two leading axes)."""
     xf = cast(x, f32)
     return {"y": xf - mean(xf, axis=(0, 1), keepdims=True)}
+
+
+@op
+def token_sums(x: Tensor[T, B, N, C], *, y: Output[T, B, C], yt: Output[T, C, B]):
+    """The sums over the tokens, per batch row (y) and transposed (yt: not a row of y's group)."""
+    xf = cast(x, f32)
+    return {"y": sum(xf, axis=1), "yt": sum(xf * 2.0, axis=1).T}
 '''
 
 DROPOUT = '''
@@ -318,10 +325,30 @@ def dropout_backward(grad_y: Tensor[T, N, D], mask: Tensor[boolean, N, D], *, gr
     return {"grad_x": where(mask, grad_y * (1.0 / 0.9), 0.0)}
 '''
 
+TRANSPOSED = '''
+"""Outputs computed from transposed inputs (rows written, columns read)."""
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def transpose_scale(x: Tensor[T, N, D], *, y: Output[T, D, N]):
+    """y = 2 x^T."""
+    return {"y": x.T * 2.0}
+
+
+@op
+def add_transposed(a: Tensor[T, D, N], b: Tensor[T, N, D], *, y: Output[T, D, N]):
+    """y = a + b^T."""
+    return {"y": a + b.T}
+'''
+
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
            "gelu_ops.py": GELU, "gelu_tanh_ops.py": GELU_TANH, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST,
            "matmul_twice_ops.py": MATMUL_TWICE, "narrow_ops.py": NARROW, "batch_norm_ops.py": BATCH_NORM,
-           "dropout_ops.py": DROPOUT}
+           "dropout_ops.py": DROPOUT, "transposed_ops.py": TRANSPOSED}
 
 
 @pytest.fixture(scope="module")
@@ -1211,6 +1238,75 @@ def test_column_sum_over_two_leading_axes(built, rng, T):
     assert_close_policy(ref["y"], want, same, T, "y (oracle)")
 
 
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 37, 20), (1, 70, 33), (2, 0, 5), (4, 1, 1)])
+def test_sums_over_a_middle_axis(built, rng, T, shape):
+    """Sums over the tokens of (B, N, C), the last axis kept: within a batch row (y) and as a
+    value lowered on its own (yt, its transpose, is not a row of y's group), against the oracle,
+    float64 and PyTorch."""
+    x = rounded(rng.standard_normal(shape) * 3 + 1, T)
+    got, ref = run_both(built, "token_sums", x=x)
+    want = f64(x).sum(axis=1)
+    xs = tt(x, T).float()
+    for k, w, same in (("y", want, xs.sum(1)), ("yt", (2 * want).T, (xs * 2.0).sum(1).T)):
+        same = same.to(tt(x, T).dtype).to(torch.float64).numpy()
+        assert_close_policy(got[k], w, same, T, f"{k} (compiled)")
+        assert_close_policy(ref[k], w, same, T, f"{k} (oracle)")
+
+
+def test_a_sum_over_the_middle_axis_walks_rows(built):
+    """Both of token_sums' sums read x's rows along the last axis (the innermost loop indexes
+    x's last axis), the tokens in a serial loop around it."""
+    from opgen.passes import pipeline
+
+    m = built["ops"]["token_sums"].module()
+    pipeline.run(m, "cpu", until="lower-to-loops")
+    loads = [o for o in m.walk() if isinstance(o, s.LoadOp) and s.buf_type(o.buf).role.data == "in"]
+    assert len(loads) == 2
+    for ld in loads:
+        inner = ld.parent_op()
+        assert isinstance(inner, s.ForOp) and ld.idx[-1] is inner.iv and inner.kind.data == "parallel"
+        tokens = inner.parent_op()
+        assert isinstance(tokens, s.ForOp) and tokens.kind.data == "serial" and ld.idx[1] is tokens.iv
+
+
+# ---------------------------------------------------------------------- transposed inputs
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(37, 70), (1, 5), (33, 1), (64, 96), (0, 3)])
+def test_transposed_reads_in_tiles(built, rng, T, shape):
+    """A transposed input read in 32x32 tiles (tile-transposes): every element as numpy's, edge
+    tiles (sizes not multiples of 32) included, and through strided views (the general kernel)."""
+    x = rounded(rng.standard_normal(shape), T)
+    got = runtime.call("transpose_scale", lib=built["lib"], x=x)["y"]
+    assert np.array_equal(f64(got), (f64(x) * 2).T)
+    a = rounded(rng.standard_normal(shape[::-1]), T)
+    got = runtime.call("add_transposed", lib=built["lib"], a=a, b=x)["y"]
+    want = oracle.run(built["ops"]["add_transposed"], a=a, b=x)["y"]
+    assert np.array_equal(f64(got), f64(want)) and np.allclose(f64(got), f64(a) + f64(x).T, rtol=1e-2)
+    got = runtime.call("add_transposed", lib=built["lib"], a=np.ascontiguousarray(a.T).T, b=x)["y"]
+    assert np.array_equal(f64(got), f64(want))
+
+
+def test_transposed_reads_walk_tiles(built):
+    """tile-transposes: transpose_scale's nest becomes tiles (parallel) -> tiles (serial) -> rows
+    of the tile (serial) -> columns (parallel: the vector loop), the load's last two indices the
+    inner two counters, the store's last the innermost."""
+    from opgen.passes import pipeline
+
+    m = built["ops"]["transpose_scale"].module()
+    pipeline.run(m, "cpu", until="tile-transposes")
+    (ld,) = [o for o in m.walk() if isinstance(o, s.LoadOp)]
+    (st,) = [o for o in m.walk() if isinstance(o, s.StoreOp)]
+    cols = ld.parent_op()
+    rows = cols.parent_op()
+    tj = rows.parent_op()
+    ti = tj.parent_op()
+    assert [x.kind.data for x in (ti, tj, rows, cols)] == ["parallel", "serial", "serial", "parallel"]
+    assert list(ld.idx) == [cols.iv, rows.iv] and list(st.idx) == [rows.iv, cols.iv]
+
+
 # ---------------------------------------------------------------------- bool masks
 
 
@@ -1259,17 +1355,24 @@ for t in (np.float32, ml_dtypes.bfloat16):
         runtime.call("dropout_backward", lib=lib, grad_y=x, mask=mask)
         runtime.call("dropout_backward", lib=lib, grad_y=x, mask=np.ascontiguousarray(mask.T).T)
     runtime.call("centre_tokens", lib=lib, x=rng.standard_normal((3, 37, 20)).astype(t))
+    for shape in ((3, 37, 20), (2, 0, 5), (1, 70, 33)):
+        runtime.call("token_sums", lib=lib, x=rng.standard_normal(shape).astype(t))
+    for shape in ((37, 70), (1, 5), (64, 96)):
+        x = rng.standard_normal(shape).astype(t)
+        runtime.call("transpose_scale", lib=lib, x=x)
+        runtime.call("add_transposed", lib=lib, a=np.ascontiguousarray(x.T), b=x)
 print("done")
 """
 
 
 def test_column_sums_and_masks_clean_under_asan_and_ubsan(tmp_path_factory):
-    """BatchNorm's column sums (chunk partials; no rows, one row, rows not a multiple of 32) and
-    the dropout mask's strips, contiguous and strided, under ASan/UBSan."""
+    """BatchNorm's column sums (chunk partials; no rows, one row, rows not a multiple of 32), sums
+    over a middle axis, the dropout mask's strips, contiguous and strided, and transposed reads
+    in tiles (edge tiles) under ASan/UBSan."""
     from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
     with built_ops(tmp_path_factory.mktemp("colsums"), "opgen_test_colsums",
-                   {"batch_norm_ops.py": BATCH_NORM, "dropout_ops.py": DROPOUT}) as b:
+                   {"batch_norm_ops.py": BATCH_NORM, "dropout_ops.py": DROPOUT, "transposed_ops.py": TRANSPOSED}) as b:
         assert_clean_under_sanitizers(b, SANITIZED)
 
 
@@ -1311,6 +1414,10 @@ def test_cuda_kernels_on_the_cpu_model(built, rng):
         want = oracle.run(built["ops"]["batch_norm_backward"], **a)["grad_x"]
         assert np.allclose(f64(got), f64(want), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4)
         gm, mk = rounded(rng.standard_normal((6, 70)), T), rng.random((6, 70)) > 0.3
+        xt = rounded(rng.standard_normal((3, 37, 20)), T)
+        got_s, want_s = runtime.call("token_sums", lib=lib, x=xt), oracle.run(built["ops"]["token_sums"], x=xt)
+        for k_ in ("y", "yt"):
+            assert np.allclose(f64(got_s[k_]), f64(want_s[k_]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4), k_
         got = runtime.call("dropout_backward", lib=lib, grad_y=gm, mask=mk)["grad_x"]
         assert np.array_equal(f64(got), f64(oracle.run(built["ops"]["dropout_backward"], grad_y=gm, mask=mk)["grad_x"]))
     for T in ("f32", "bf16"):  # erf (CUDA's erff)

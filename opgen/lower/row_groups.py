@@ -225,7 +225,16 @@ class RowGroupLowering(_Lowering):
         t = ir.tensor_type(m)
         rest = list(t.shape[1:])
         local = b.alloc(rest, t.dtype, "local", zero=True)
-        if isinstance(op, ir.ReduceOp):
+        if isinstance(op, ir.ReduceOp) and self.column_sum_op(m) is op and op.axis_list[0] > 0:
+            # a column sum within the row (a sum over the tokens of (B, N, D)): the summed axes'
+            # rows in order, each along the axes after them (column_sums)
+            src, axes = ir.tensor_type(op.x), op.axis_list
+            mid = b.loops([src.shape[i] for i in range(1, axes[0])], "parallel", "d")
+            rows = b.loops([src.shape[a] for a in axes], "serial", "y")
+            after = b.loops(list(src.shape[axes[-1] + 1:]), "parallel", "d")
+            b.stmt(s.AccumOp("sum", self.emit(b, op.x, [x, *mid, *rows, *after]), local.result, [*mid, *after]))
+            b.close_n(len(after) + len(rows) + len(mid))
+        elif isinstance(op, ir.ReduceOp):
             src = ir.tensor_type(op.x)
             axes = op.axis_list
             kept = [i for i in range(src.rank) if i not in axes]

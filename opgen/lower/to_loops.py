@@ -502,17 +502,19 @@ class _Lowering:
 
     @staticmethod
     def column_sum_op(v: SSAValue) -> ir.ReduceOp | None:
-        """The reduction ``v`` is when it sums over every axis but the last (a column sum)."""
+        """The reduction ``v`` is when it sums over a run of adjacent axes before the last (a
+        column sum: over the rows of a matrix, the tokens of (B, N, D), the rows and tokens...)."""
         op = v.owner
         if isinstance(op, ir.ReduceOp) and op.kind.data == "sum":
-            rank = ir.tensor_type(op.x).rank
-            if rank >= 2 and op.axis_list == tuple(range(rank - 1)):
+            rank, axes = ir.tensor_type(op.x).rank, op.axis_list
+            if axes and axes == tuple(range(axes[0], axes[-1] + 1)) and axes[-1] < rank - 1:
                 return op
         return None
 
     def lower_values(self, vals: Sequence[tuple[SSAValue, SSAValue]]) -> None:
         """:meth:`lower_value` for each (value, buffer), in order; consecutive column sums over
-        the same shape, none reading another, share one walk over the rows (:meth:`column_sums`)."""
+        the same axes of one shape, none reading another, share one walk over the rows
+        (:meth:`column_sums`)."""
         i = 0
         while i < len(vals):
             group = [vals[i]]
@@ -521,7 +523,7 @@ class _Lowering:
                 v = vals[i + len(group)][0]
                 op = self.column_sum_op(v)
                 if op is None or ir.tensor_type(op.x).shape != ir.tensor_type(first.x).shape \
-                        or self.sources(v) & {g for g, _ in group}:
+                        or op.axis_list != first.axis_list or self.sources(v) & {g for g, _ in group}:
                     break
                 group.append(vals[i + len(group)])
             if first is not None:
@@ -531,44 +533,48 @@ class _Lowering:
             i += len(group)
 
     def column_sums(self, ops: Sequence[ir.ReduceOp], dsts: Sequence[SSAValue]) -> None:
-        """Sums over every axis but the last (of one shape), walked row by row (a column-by-column
-        walk reads the rows' elements a row length apart: BatchNorm backward's column means took
-        80 times the memory time): each chunk of ``self.chunk`` rows of the leading dim (the unit
-        of parallelism) adds its rows in order into a row of partials per sum, summed afterwards
-        in chunk order (:meth:`combine_partials`): deterministic whatever the thread count.
-        Several sums read their rows in one walk."""
+        """Column sums (:meth:`column_sum_op`, over the same axes of one shape) walked row by row:
+        a walk down each column reads its elements a row length apart (BatchNorm backward's column
+        means took 80 times the memory time, a sum over the tokens of (B, N, D) 9 times
+        PyTorch's). Split as (kept before, summed, kept after): for each index of the axes kept
+        before, chunks of ``self.chunk`` rows of the first summed axis (with the kept axes before,
+        the unit of parallelism) add their rows in order along the axes after into a row of
+        partials per sum, summed afterwards in chunk order (:meth:`combine_partials`):
+        deterministic whatever the thread count. Several sums read their rows in one walk."""
         src = ir.tensor_type(ops[0].x)
-        lead, rest = list(src.shape[:-1]), list(src.shape[-1:])
+        axes = ops[0].axis_list
+        pre, summed = list(src.shape[:axes[0]]), list(src.shape[axes[0]:axes[-1] + 1])
+        rest = list(src.shape[axes[-1] + 1:])
         b = _Builder(self.kblock)
-        nchunk = f"cdiv({lead[0]},{self.chunk})"
-        partials = [_Builder(self.kblock).alloc([nchunk, *rest], src.dtype, "temp", top=True).result for _ in ops]
-        (c,) = b.loops([nchunk], "parallel", "c", skip_if=b.empty(rest))
+        nchunk = f"cdiv({summed[0]},{self.chunk})"
+        partials = [_Builder(self.kblock).alloc([*pre, nchunk, *rest], src.dtype, "temp", top=True).result for _ in ops]
+        *at, c = b.loops([*pre, nchunk], "parallel", "c", skip_if=b.empty(rest))
         accs = [b.alloc(rest, src.dtype, "local", zero=True).result for _ in ops]
         lo = b.scalar(ir.MulOp(c, b.const(self.chunk, "i64")))
-        hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(self.chunk, "i64"))), b.dim(lead[0])))
-        rows = [b.open(lo, hi, "serial", "x"), *b.loops(lead[1:], "serial", "y")]
+        hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(self.chunk, "i64"))), b.dim(summed[0])))
+        rows = [b.open(lo, hi, "serial", "x"), *b.loops(summed[1:], "serial", "y")]
         inner = b.loops(rest, "parallel", "d")
         for op, acc in zip(ops, accs, strict=True):
-            b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*rows, *inner]), acc, inner))
+            b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*at, *rows, *inner]), acc, inner))
         b.close_n(len(inner) + len(rows))
         inner = b.loops(rest, "parallel", "d")
         for p, acc in zip(partials, accs, strict=True):
-            b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [c, *inner]))
-        b.close_n(len(inner) + 1)
+            b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [*at, c, *inner]))
+        b.close_n(len(inner) + len(pre) + 1)
         for op, p, dst in zip(ops, partials, dsts, strict=True):
-            self.combine_partials(op, p, dst, nchunk)
+            self.combine_partials(op, p, dst, nchunk, len(pre))
 
-    def combine_partials(self, r: ir.ReduceOp, p: SSAValue, dst: SSAValue, nchunk: str) -> None:
-        """``dst`` = the sum of the rows of partials ``p`` (``nchunk`` of them), in order."""
+    def combine_partials(self, r: ir.ReduceOp, p: SSAValue, dst: SSAValue, nchunk: str, pre: int = 0) -> None:
+        """``dst`` = the sum of the ``nchunk`` partials in ``p``, in order: ``p`` is ``dst``'s
+        shape with the chunks' axis inserted after its first ``pre`` axes."""
         b = _Builder(self.kblock)
-        rest = list(ir.tensor_type(r.result).shape)
-        inner = b.loops(rest, "parallel", "d")
+        out = b.loops(list(ir.tensor_type(r.result).shape), "parallel", "d")
         acc = b.alloc([], ir.tensor_type(r.x).dtype, "local", zero=True)
         (c,) = b.loops([nchunk], "serial", "c")
-        b.stmt(s.AccumOp("sum", b.scalar(s.LoadOp(p, [c, *inner])), acc.result, []))
+        b.stmt(s.AccumOp("sum", b.scalar(s.LoadOp(p, [*out[:pre], c, *out[pre:]])), acc.result, []))
         b.close()
-        b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), dst, inner))
-        b.close_n(len(inner))
+        b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), dst, out))
+        b.close_n(len(out))
 
     def _scatter(self, b: _Builder, op: ir.ScatterAddOp, dst: SSAValue) -> None:
         rt = ir.tensor_type(op.result)

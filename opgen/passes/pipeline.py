@@ -42,6 +42,7 @@ from opgen.lower.matmul_output import MatmulIntoOutput
 from opgen.lower.narrow_products import ExactOperands, NarrowProducts
 from opgen.lower.sched import Sched
 from opgen.lower.tabulate import Tabulate
+from opgen.lower.tile_transposes import TileTransposes
 from opgen.lower.to_linalg import LowerToLinalg
 from opgen.lower.to_loops import LowerToLoops
 from opgen.lower.to_std import LowerToStd
@@ -78,6 +79,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py); a loop over a run-time
     # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py);
     # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py);
+    # a nest writing rows from a transposed input walks 32x32 tiles (opgen/lower/tile_transposes.py);
     # rows whose second pass adds into column accumulators go two at a time (opgen/lower/jam_rows.py),
     # the pair's first passes then fused by fuse-reductions again;
     # rows read through an index table are prefetched a few iterations ahead
@@ -87,8 +89,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
-            HoistPacking(), ColumnStrips(), JamRows(), FuseReductions(), MapCpu(), SpecialiseEmptyRanges(),
-            PrefetchGathers(), Tabulate()],
+            HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), MapCpu(),
+            SpecialiseEmptyRanges(), PrefetchGathers(), Tabulate()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
