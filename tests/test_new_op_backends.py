@@ -305,6 +305,12 @@ def centre_tokens(x: Tensor[T, B, N, C], *, y: Output[T, B, N, C]):
 
 
 @op
+def token_sum(x: Tensor[T, B, N, C], *, y: Output[T, B, C]):
+    """y = the sum over the tokens, a row of y per batch row."""
+    return {"y": sum(cast(x, f32), axis=1)}
+
+
+@op
 def token_sums(x: Tensor[T, B, N, C], *, y: Output[T, B, C], yt: Output[T, C, B]):
     """The sums over the tokens, per batch row (y) and transposed (yt: not a row of y's group)."""
     xf = cast(x, f32)
@@ -1252,6 +1258,8 @@ def test_sums_over_a_middle_axis(built, rng, T, shape):
         same = same.to(tt(x, T).dtype).to(torch.float64).numpy()
         assert_close_policy(got[k], w, same, T, f"{k} (compiled)")
         assert_close_policy(ref[k], w, same, T, f"{k} (oracle)")
+    one = runtime.call("token_sum", lib=built["lib"], x=x)["y"]
+    assert np.array_equal(f64(one), f64(got["y"]))  # (the same walk, alone in its op)
 
 
 def test_a_sum_over_the_middle_axis_walks_rows(built):
@@ -1276,8 +1284,8 @@ def test_a_sum_over_the_middle_axis_walks_rows(built):
 @pytest.mark.parametrize("T", ["f32", "bf16"])
 @pytest.mark.parametrize("shape", [(37, 70), (1, 5), (33, 1), (64, 96), (0, 3)])
 def test_transposed_reads_in_tiles(built, rng, T, shape):
-    """A transposed input read in 32x32 tiles (tile-transposes): every element as numpy's, edge
-    tiles (sizes not multiples of 32) included, and through strided views (the general kernel)."""
+    """A transposed input read in 16x16 tiles (tile-transposes): every element as numpy's, edge
+    tiles (sizes not multiples of 16) included, and through strided views (the general kernel)."""
     x = rounded(rng.standard_normal(shape), T)
     got = runtime.call("transpose_scale", lib=built["lib"], x=x)["y"]
     assert np.array_equal(f64(got), (f64(x) * 2).T)
@@ -1290,9 +1298,10 @@ def test_transposed_reads_in_tiles(built, rng, T, shape):
 
 
 def test_transposed_reads_walk_tiles(built):
-    """tile-transposes: transpose_scale's nest becomes tiles (parallel) -> tiles (serial) -> rows
-    of the tile (serial) -> columns (parallel: the vector loop), the load's last two indices the
-    inner two counters, the store's last the innermost."""
+    """tile-transposes: transpose_scale's nest becomes tiles of the input's rows (parallel) ->
+    tiles of its columns (serial) -> the output rows of the tile (serial) -> their columns
+    (parallel: the vector loop), the load's last two indices the inner two counters, the store's
+    last the innermost."""
     from opgen.passes import pipeline
 
     m = built["ops"]["transpose_scale"].module()
@@ -1301,10 +1310,13 @@ def test_transposed_reads_walk_tiles(built):
     (st,) = [o for o in m.walk() if isinstance(o, s.StoreOp)]
     cols = ld.parent_op()
     rows = cols.parent_op()
-    tj = rows.parent_op()
-    ti = tj.parent_op()
-    assert [x.kind.data for x in (ti, tj, rows, cols)] == ["parallel", "serial", "serial", "parallel"]
+    ti = rows.parent_op()
+    tj = ti.parent_op()
+    assert [x.kind.data for x in (tj, ti, rows, cols)] == ["parallel", "serial", "serial", "parallel"]
     assert list(ld.idx) == [cols.iv, rows.iv] and list(st.idx) == [rows.iv, cols.iv]
+    # the tiles: rows of the output from ti's, its columns (the input's rows) from tj's
+    assert tj.iv in [o.lhs for o in m.walk() if isinstance(o, ir.MulOp)]
+    assert rows.lo.owner.lhs is ti.iv and cols.lo.owner.lhs is tj.iv
 
 
 # ---------------------------------------------------------------------- bool masks
