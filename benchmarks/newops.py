@@ -1,7 +1,9 @@
 """The "new ops" rows of benchmarks/cpu.py: ops written only in DSL files, as a user would.
 
 The DSL files are the tests' (tests/test_new_op_backends.py: the exact and the tanh GELU backward,
-a linear layer with bias and ReLU, LayerNorm backward from saved f32 statistics;
+a linear layer with bias and ReLU, LayerNorm backward from saved f32 statistics, BatchNorm backward
+from saved per-channel statistics, dropout backward with a bool mask, a transpose, a sum over the
+middle axis;
 tests/test_gemm_operands.py: a linear layer over batched rows, in f16 here;
 tests/test_ascendc.py: SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py:
 rotary-embedding backward). They are written into build/bench-ops/ and built there
