@@ -9,9 +9,9 @@ An output computed from a transposed input (``y = x.T * 2``, ``a + b.T``) lowers
       }
     }
 
-Every iteration of ``Q`` reads a different line of ``x``; a line is used again only ``hi_j - lo_j``
-loads later, for the next ``i``, by when the caches hold 8192 other lines (8192x4096 f32: 131 ms,
-30 times the copy's time). This pass walks ``TILE x TILE`` tiles instead::
+Every iteration of ``Q`` reads a different line of ``x``; a line is used again only ``hi_j`` loads
+later, for the next ``i``, by when the caches hold 8192 other lines (8192x4096 f32: 131 ms, 30
+times the copy's time). This pass walks ``TILE x TILE`` tiles instead::
 
     sched.for parallel tj = 0 to cdiv(hi_j, TILE) {
       j0 = tj * TILE;  j1 = min(j0 + TILE, hi_j)
@@ -24,11 +24,11 @@ loads later, for the next ``i``, by when the caches hold 8192 other lines (8192x
 so a tile's ``TILE`` rows of ``x`` stay in L1 while its ``TILE`` rows of ``y`` are written (map-cpu
 then makes the inner loop a vector loop, as before), and a thread walks its ``TILE`` rows of ``x``
 along them, tile after tile (tiles of ``i`` in parallel instead, each thread reading 128 bytes of
-every row of ``x`` in turn, took 30 ms with tiles of 32, 13.8 in this order). Each element is computed by the same
-operations from the same values: the bits do not change. Only that shape is rewritten: both loops
-from 0, ``P``'s body ``Q`` alone, ``Q``'s bound fixed for ``P``, its body holds no loop, branch, check,
-allocation, accumulation or matmul, every store's last index is ``j``, and some load of a caller's
-input has ``j`` and ``i`` as its last two indices.
+every row of ``x`` in turn, took 30 ms with tiles of 32; 13.8 in this order). Each element is
+computed by the same operations from the same values: the bits do not change. Only that shape is
+rewritten: both loops from 0, ``P``'s body ``Q`` alone, ``Q``'s bound fixed for ``P``, its body
+holding no loop, branch, check, allocation, accumulation or matmul, every store's last index
+``j``, and some load of a caller's input with ``j`` and ``i`` as its last two indices.
 """
 
 from __future__ import annotations
