@@ -95,15 +95,17 @@ def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int)
 
 def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: str,
          make: Callable[[int], dict], outs: tuple[str, ...], full_rows: int, theirs: Callable[[], object],
-         nbytes: int) -> dict:
+         nbytes: int, in_cache: bool = True) -> dict:
     """One memory-bound row: opgen allocating its outputs (as PyTorch does) against ``theirs``,
-    then opgen with its outputs given, and the in-cache estimate."""
+    then opgen with its outputs given, and (``in_cache``) the in-cache estimate."""
     kw = make(full_rows)
     inputs = {k: v for k, v in kw.items() if k not in outs}
     t_o, t_t = alternate(lambda: runtime.call(op, lib=lib, **inputs), theirs, 11)
-    return {"row": row, "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3, "bytes": nbytes,
-            **given_ms(lambda: runtime.call(op, lib=lib, **kw), nbytes),
-            "cache_ms": _in_cache_ms(lib, op, make, full_rows)}
+    out = {"row": row, "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3, "bytes": nbytes,
+           **given_ms(lambda: runtime.call(op, lib=lib, **kw), nbytes)}
+    if in_cache:
+        out["cache_ms"] = _in_cache_ms(lib, op, make, full_rows)
+    return out
 
 
 def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
@@ -179,6 +181,7 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
     mask = torch.rand(N, D, generator=g) > 0.1
     theirs = _fastest([lambda: torch.ops.aten.native_dropout_backward(gy, mask, 1 / 0.9),
                        lambda: gy * mask * (1 / 0.9)])
+
     def dropout(n: int) -> dict:
         return {"grad_y": np_of(gy[:n]), "mask": mask[:n].numpy(), "grad_x": aligned_zeros((n, D), npdt)}
 
@@ -196,21 +199,15 @@ def _layout_rows(lib: Any, alternate: Callable[..., tuple[float, float]], np_of:
     es = torch.tensor([], dtype=dt).element_size()
     npdt = np_of(torch.zeros(1, dtype=dt)).dtype
     x = torch.randn(N, D, generator=g).to(dt)
-    kw = {"x": np_of(x), "y": aligned_zeros((D, N), npdt)}
     theirs = _fastest([lambda: (x.T * 2.0).contiguous(), lambda: x.T.contiguous().mul_(2.0)])
-    t_o, t_t = alternate(lambda: runtime.call("transpose_scale", lib=lib, x=kw["x"]), theirs, 9)
-    nbytes = 2 * N * D * es
-    out = [{"row": f"new: transpose (y = 2 x^T) {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-            "bytes": nbytes, **given_ms(lambda: runtime.call("transpose_scale", lib=lib, **kw), nbytes)}]
-    B = N // 64
-    x3 = x.reshape(B, 64, D)
-
+    out = [_row(lib, alternate, f"new: transpose (y = 2 x^T) {N}x{D} {name}", "transpose_scale",
+                lambda n: {"x": np_of(x[:n]), "y": aligned_zeros((D, n), npdt)}, ("y",), N, theirs,
+                2 * N * D * es, in_cache=False)]
+    x3 = x.reshape(N // 64, 64, D)
     theirs = _fastest([lambda: x3.float().sum(1).to(dt), lambda: torch.sum(x3, 1, dtype=torch.float32).to(dt)])
-    kw = {"x": np_of(x3), "y": aligned_zeros((B, D), npdt)}
-    t_o, t_t = alternate(lambda: runtime.call("token_sum", lib=lib, x=kw["x"]), theirs, 9)
-    out.append({"row": f"new: sum over the middle axis {B}x64x{D} {name}", "ours_ms": t_o * 1e3,
-                "torch_ms": t_t * 1e3, "bytes": N * D * es,
-                **given_ms(lambda: runtime.call("token_sum", lib=lib, **kw), N * D * es)})
+    out.append(_row(lib, alternate, f"new: sum over the middle axis {N // 64}x64x{D} {name}", "token_sum",
+                    lambda n: {"x": np_of(x3[:n]), "y": aligned_zeros((n, D), npdt)}, ("y",), N // 64, theirs,
+                    N * D * es, in_cache=False))
     return out
 
 

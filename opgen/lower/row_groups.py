@@ -5,7 +5,7 @@ A group for dim X holds
   * "column" reductions over X that are outputs (``sum(..., axis=0)``),
   * row-local values: reductions and scatter-adds whose result leads with X and which only
     group members read, always at the current row — computed into per-row scratch first.
-Column reductions accumulate per fixed chunk of rows (CHUNK, or the target's ``chunk``) into a
+Column reductions accumulate per fixed chunk of rows (to_loops.COLUMN_CHUNK, or the target's ``chunk``) into a
 workspace of partials, summed afterwards in chunk order: deterministic and independent of the
 thread count. A chunk is the unit of parallelism of the row loop: the GPU takes smaller ones.
 Within a row, reads come before writes (column accumulations, then outputs, aliased ones last),
@@ -20,9 +20,7 @@ from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.to_loops import COLUMN_CHUNK, NotFusable, _Builder, _Lowering
-
-CHUNK = COLUMN_CHUNK  # rows per partial of a column reduction
+from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
 
 
 def column_sum(v: SSAValue) -> ir.ReduceOp | None:
@@ -165,9 +163,7 @@ class RowGroupLowering(_Lowering):
                 rest = list(ir.tensor_type(r.result).shape)
                 a = b.alloc(rest, ir.tensor_type(r.x).dtype, "local", zero=True)
                 accs.append(a.result)
-            lo = b.scalar(ir.MulOp(c, b.const(self.chunk, "i64")))
-            hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(self.chunk, "i64"))), b.dim(x_dim)))
-            x = b.open(lo, hi, "serial", "x")
+            x = b.open(*self.chunk_rows(b, c, x_dim), "serial", "x")
         else:
             (x,) = b.loops([x_dim], "parallel", "x", skip_if=skip)
             accs = []

@@ -517,20 +517,26 @@ class _Lowering:
         (:meth:`column_sums`)."""
         i = 0
         while i < len(vals):
-            group = [vals[i]]
             first = self.column_sum_op(vals[i][0])
-            while first is not None and i + len(group) < len(vals):
-                v = vals[i + len(group)][0]
+            if first is None:
+                self.lower_value(*vals[i])
+                i += 1
+                continue
+            ops, dsts = [first], [vals[i][1]]
+            for v, dst in vals[i + 1:]:
                 op = self.column_sum_op(v)
                 if op is None or ir.tensor_type(op.x).shape != ir.tensor_type(first.x).shape \
-                        or op.axis_list != first.axis_list or self.sources(v) & {g for g, _ in group}:
+                        or op.axis_list != first.axis_list or self.sources(v) & {o.result for o in ops}:
                     break
-                group.append(vals[i + len(group)])
-            if first is not None:
-                self.column_sums([self.column_sum_op(v) for v, _ in group], [d for _, d in group])  # type: ignore[misc]
-            else:
-                self.lower_value(*vals[i])
-            i += len(group)
+                ops.append(op)
+                dsts.append(dst)
+            self.column_sums(ops, dsts)
+            i += len(ops)
+
+    def chunk_rows(self, b: _Builder, c: SSAValue, rows: str) -> tuple[SSAValue, SSAValue]:
+        """[lo, hi): the rows of dim ``rows`` in chunk ``c`` (``self.chunk`` rows, the last fewer)."""
+        lo = b.scalar(ir.MulOp(c, b.const(self.chunk, "i64")))
+        return lo, b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(self.chunk, "i64"))), b.dim(rows)))
 
     def column_sums(self, ops: Sequence[ir.ReduceOp], dsts: Sequence[SSAValue]) -> None:
         """Column sums (:meth:`column_sum_op`, over the same axes of one shape) walked row by row:
@@ -550,9 +556,7 @@ class _Lowering:
         partials = [_Builder(self.kblock).alloc([*pre, nchunk, *rest], src.dtype, "temp", top=True).result for _ in ops]
         *at, c = b.loops([*pre, nchunk], "parallel", "c", skip_if=b.empty(rest))
         accs = [b.alloc(rest, src.dtype, "local", zero=True).result for _ in ops]
-        lo = b.scalar(ir.MulOp(c, b.const(self.chunk, "i64")))
-        hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(self.chunk, "i64"))), b.dim(summed[0])))
-        rows = [b.open(lo, hi, "serial", "x"), *b.loops(summed[1:], "serial", "y")]
+        rows = [b.open(*self.chunk_rows(b, c, summed[0]), "serial", "x"), *b.loops(summed[1:], "serial", "y")]
         inner = b.loops(rest, "parallel", "d")
         for op, acc in zip(ops, accs, strict=True):
             b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*at, *rows, *inner]), acc, inner))
@@ -820,7 +824,7 @@ class LowerToLoops(ModulePass):
     #: matmul chains in one pass over this many column groups (None: two passes, each owning
     #: its outputs' rows; opgen.lower.matmul_chain)
     chain_groups: int | None = None
-    #: rows per partial of a row group's column reductions (None: opgen.lower.row_groups.CHUNK)
+    #: rows per partial of a column sum (None: COLUMN_CHUNK)
     column_chunk: int | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
