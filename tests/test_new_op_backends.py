@@ -336,7 +336,7 @@ TRANSPOSED = '''
 from opgen.dsl import *
 
 N, D = dims("N D")
-T = dtype_var("T", f32, bf16)
+T = dtype_var("T", f32, bf16, f16)
 
 
 @op
@@ -349,6 +349,12 @@ def transpose_scale(x: Tensor[T, N, D], *, y: Output[T, D, N]):
 def add_transposed(a: Tensor[T, D, N], b: Tensor[T, N, D], *, y: Output[T, D, N]):
     """y = a + b^T."""
     return {"y": a + b.T}
+
+
+@op
+def transpose_f64(x: Tensor[f64, N, D], *, y: Output[f64, D, N]):
+    """y = 2 x^T in f64 (not staged: 16x16 tiles of strided loads)."""
+    return {"y": x.T * 2.0}
 '''
 
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
@@ -1281,42 +1287,75 @@ def test_a_sum_over_the_middle_axis_walks_rows(built):
 # ---------------------------------------------------------------------- transposed inputs
 
 
-@pytest.mark.parametrize("T", ["f32", "bf16"])
-@pytest.mark.parametrize("shape", [(37, 70), (1, 5), (33, 1), (64, 96), (0, 3)])
+@pytest.mark.parametrize("T", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape", [(37, 70), (1, 5), (33, 1), (64, 96), (0, 3), (40, 530), (16, 16)])
 def test_transposed_reads_in_tiles(built, rng, T, shape):
-    """A transposed input read in 16x16 tiles (tile-transposes): every element as numpy's, edge
-    tiles (sizes not multiples of 16) included, and through strided views (the general kernel)."""
+    """A transposed input staged in tiles (tile-transposes, sched.transpose_tile): every element as
+    numpy's, edge tiles (sizes not multiples of 16, of 32 rows, of 512 columns: the runtime's
+    in-register 16x16 blocks and its scalar edges) included, and through strided views (rows
+    further apart than their length; columns apart: the general kernel's scalar path)."""
     x = rounded(rng.standard_normal(shape), T)
     got = runtime.call("transpose_scale", lib=built["lib"], x=x)["y"]
     assert np.array_equal(f64(got), (f64(x) * 2).T)
+    wide = rounded(rng.standard_normal((shape[0], shape[1] + 7)), T)[:, 3:shape[1] + 3]
+    got = runtime.call("transpose_scale", lib=built["lib"], x=wide)["y"]
+    assert np.array_equal(f64(got), (f64(wide) * 2).T)
     a = rounded(rng.standard_normal(shape[::-1]), T)
     got = runtime.call("add_transposed", lib=built["lib"], a=a, b=x)["y"]
     want = oracle.run(built["ops"]["add_transposed"], a=a, b=x)["y"]
     assert np.array_equal(f64(got), f64(want)) and np.allclose(f64(got), f64(a) + f64(x).T, rtol=1e-2)
-    got = runtime.call("add_transposed", lib=built["lib"], a=np.ascontiguousarray(a.T).T, b=x)["y"]
+    got = runtime.call("add_transposed", lib=built["lib"], a=np.ascontiguousarray(a.T).T,
+                       b=np.ascontiguousarray(x.T).T)["y"]
     assert np.array_equal(f64(got), f64(want))
 
 
 def test_transposed_reads_walk_tiles(built):
     """tile-transposes: transpose_scale's nest becomes tiles of the input's rows (parallel) ->
-    tiles of its columns (serial) -> the output rows of the tile (serial) -> their columns
-    (parallel: the vector loop), the load's last two indices the inner two counters, the store's
-    last the innermost."""
+    tiles of its columns (serial), each staged transposed into a local tile -> the output rows of
+    the tile (serial) -> their columns (parallel: the vector loop), which read the local tile
+    along its rows (at i - i0, j - j0); the store's last index the innermost counter."""
+    from opgen.lower.tile_transposes import STAGED_TILE
     from opgen.passes import pipeline
 
     m = built["ops"]["transpose_scale"].module()
     pipeline.run(m, "cpu", until="tile-transposes")
     (ld,) = [o for o in m.walk() if isinstance(o, s.LoadOp)]
     (st,) = [o for o in m.walk() if isinstance(o, s.StoreOp)]
+    (tt,) = [o for o in m.walk() if isinstance(o, s.TransposeTileOp)]
     cols = ld.parent_op()
     rows = cols.parent_op()
     ti = rows.parent_op()
     tj = ti.parent_op()
     assert [x.kind.data for x in (tj, ti, rows, cols)] == ["parallel", "serial", "serial", "parallel"]
-    assert list(ld.idx) == [cols.iv, rows.iv] and list(st.idx) == [rows.iv, cols.iv]
+    assert list(st.idx) == [rows.iv, cols.iv]
     # the tiles: rows of the output from ti's, its columns (the input's rows) from tj's
-    assert tj.iv in [o.lhs for o in m.walk() if isinstance(o, ir.MulOp)]
-    assert rows.lo.owner.lhs is ti.iv and cols.lo.owner.lhs is tj.iv
+    i0, j0 = rows.lo, cols.lo
+    assert i0.owner.lhs is ti.iv and j0.owner.lhs is tj.iv
+    assert [ir.constant_int(i0.owner.rhs), ir.constant_int(j0.owner.rhs)] == list(STAGED_TILE)
+    # staged at the head of each tile: x[j0, i0], (j1 - j0) x (i1 - i0), into a (TI, TJ) local tile
+    assert tt.parent_op() is ti and tt.src is m.body.block.first_op.body.block.args[0]
+    assert list(tt.idx) == [j0, i0] and tt.rows.owner.rhs is j0 and tt.cols.owner.rhs is i0
+    assert s.buf_type(tt.dst).role.data == "local" and list(s.buf_type(tt.dst).shape) == [str(n) for n in STAGED_TILE]
+    assert ld.buf is tt.dst and [(v.owner.lhs, v.owner.rhs) for v in ld.idx] == [(rows.iv, i0), (cols.iv, j0)]
+
+
+@pytest.mark.parametrize("shape", [(37, 70), (16, 16), (0, 3)])
+def test_unstaged_transposed_reads_in_square_tiles(built, rng, shape):
+    """A transposed input of a dtype the runtime stages no tile of (f64) keeps its strided loads,
+    in 16x16 tiles: numpy's values, and no sched.transpose_tile in the pipeline."""
+    from opgen.lower.tile_transposes import TILE
+    from opgen.passes import pipeline
+
+    x = rng.standard_normal(shape)
+    got = runtime.call("transpose_f64", lib=built["lib"], x=x)["y"]
+    assert np.array_equal(got, (x * 2).T)
+    m = built["ops"]["transpose_f64"].module()
+    pipeline.run(m, "cpu", until="tile-transposes")
+    assert not [o for o in m.walk() if isinstance(o, s.TransposeTileOp)]
+    (ld,) = [o for o in m.walk() if isinstance(o, s.LoadOp)]
+    rows, cols = ld.parent_op().parent_op(), ld.parent_op()
+    assert list(ld.idx) == [cols.iv, rows.iv]
+    assert [ir.constant_int(v.owner.rhs) for v in (rows.lo, cols.lo)] == list(TILE)
 
 
 # ---------------------------------------------------------------------- bool masks

@@ -466,6 +466,8 @@ class CPrinter:
             self.matmul(op)
         elif isinstance(op, s.PackOp):
             self.pack(op)
+        elif isinstance(op, s.TransposeTileOp):
+            self.transpose_tile(op)
         elif isinstance(op, s.PrefetchOp):
             macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
             guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
@@ -877,6 +879,16 @@ class CPrinter:
             return
         self.line(f"{fns[0]}({self.name(op.k)}, {self.name(op.n)}, {src.ptr}, {src.rs}, {src.cs}, "
                   f"{fns[2]}{self.name(op.dst)});")
+
+    def transpose_tile(self, op: s.TransposeTileOp) -> None:
+        """sched.transpose_tile: the runtime's ``opgen_<dtype>_transpose_tile`` from the tile's
+        first element, with the caller's strides along its last two axes."""
+        b, pn = s.buf_type(op.src), self.arg_of[op.src]
+        strides = [("1" if self.unit_axis(pn, a, b.rank) else self.mention(self.stride_name(pn, a)))
+                   for a in (b.rank - 2, b.rank - 1)]
+        self.line(f"opgen_{self.dtype(b.dtype).name}_transpose_tile({self.name(op.dst)}, {self.extents(op.dst)[1]}, "
+                  f"{self.name(op.src)} + {self.offset(op.src, list(op.idx))}, {strides[0]}, {strides[1]}, "
+                  f"{self.name(op.rows)}, {self.name(op.cols)});")
 
     def gemm_operand(self, x: SSAValue, trans: int) -> GemmOperand | None:
         """2-D buffer ``x`` as the runtime GEMMs read it (``trans``: as its transpose): storage

@@ -65,13 +65,11 @@ def _shape(p: s.ForOp) -> tuple[s.AllocOp, s.ForOp, list[Operation]] | None:
     t = s.buf_type(a.result)
     if t.role.data != "local" or t.rank != 0 or not (a.zero is not None and a.zero.data) or r.kind.data != "serial":
         return None
-    if any(isinstance(o, s.ForOp | s.IfOp | s.RequireOp | s.BufferMatmulOp | s.PackOp | s.SegmentsOp | s.AllocOp)
-           for o in r.body.block.ops):
+    if any(isinstance(o, (s.ForOp, s.IfOp, s.AllocOp, *s.OPAQUE)) for o in r.body.block.ops):
         return None
     pre = ops[:ops.index(a)] + ops[ops.index(a) + 1:ops.index(r)]
     post = ops[ops.index(r) + 1:]
-    if pre or any(isinstance(o, s.IfOp | s.RequireOp | s.BufferMatmulOp | s.PackOp | s.SegmentsOp | s.AccumOp)
-                  for o in post):
+    if pre or any(isinstance(o, (s.IfOp, s.AccumOp, *s.OPAQUE)) for o in post):
         return None
     for use in a.result.uses:  # the scratch: sums in the serial loop, loads after it
         u = use.operation

@@ -184,8 +184,7 @@ def independent(op: s.ForOp) -> bool:
     if op.kind.data != "parallel":
         return False
     for o in op.body.block.ops:
-        if isinstance(o, s.ForOp | s.RequireOp | s.SegmentsOp | s.SegmentStartOp | s.BufferMatmulOp | s.PackOp
-                      | s.AllocOp):
+        if isinstance(o, (s.ForOp, s.AllocOp, *s.OPAQUE)):
             return False
         if isinstance(o, s.StoreOp | s.AccumOp) and not any(i is op.iv for i in o.idx):
             return False

@@ -46,7 +46,7 @@ def fusible(a: s.ForOp, b: s.ForOp, aliased: set[SSAValue]) -> bool:
     local: set[SSAValue] = set()
     for loop in (a, b):
         for o in loop.walk():
-            if isinstance(o, s.BufferMatmulOp | s.PackOp | s.SegmentsOp | s.SegmentStartOp | s.RequireOp):
+            if isinstance(o, s.OPAQUE):
                 return False
             if isinstance(o, s.ForOp) and o.kind.data != "parallel":
                 return False

@@ -96,7 +96,7 @@ def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
     if any(s.buf_type(b).role.data not in ("in", "out") for b in written):
         return None  # (a temp shared by the rows)
     for o in loop.walk():
-        if isinstance(o, s.BufferMatmulOp | s.PackOp | s.SegmentsOp | s.SegmentStartOp | s.RequireOp | s.IfOp):
+        if isinstance(o, (s.IfOp, *s.OPAQUE)):
             return None
         if isinstance(o, s.AccumOp) and o.buf in accs:
             if o.parent_op() is not second:

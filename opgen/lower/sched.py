@@ -823,6 +823,42 @@ class PackOp(IRDLOperation):
             _scalar(self, x, "i64", what)
 
 
+@irdl_op_definition
+class TransposeTileOp(IRDLOperation):
+    """``dst[c, r] = src[..., row + r, col + c]`` for ``r < rows``, ``c < cols``, widened to the
+    compute type, where ``idx`` names the tile's first element ``src[..., row, col]``: a tile of a
+    caller's tensor staged transposed in a ``local`` buffer (at least ``cols`` x ``rows``), so
+    that a loop reading the tensor's columns reads the buffer's rows instead (tile-transposes;
+    the CPU runtime's ``opgen_<dtype>_transpose_tile``, a 16x16 tile in registers)."""
+
+    name = "sched.transpose_tile"
+    src = operand_def(BufType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
+    dst = operand_def(BufType)
+    rows = operand_def(EqAttrConstraint(INDEX))
+    cols = operand_def(EqAttrConstraint(INDEX))
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
+    assembly_format = "$src `[` $idx `]` `->` $dst `,` $rows `x` $cols attr-dict `:` type($src) `,` type($dst)"
+
+    def __init__(self, src: SSAValue, idx: Sequence[SSAValue], dst: SSAValue, rows: SSAValue, cols: SSAValue):
+        super().__init__(operands=[src, idx, dst, rows, cols])
+
+    def verify_(self) -> None:
+        _check_indices(self, self.src, self.idx)
+        s, d = buf_type(self.src), buf_type(self.dst)
+        if s.rank < 2 or d.rank != 2 or d.role.data != "local":
+            raise VerifyException("sched.transpose_tile: a tile of a rank >= 2 buffer into a 2-D local buffer")
+        if s.dtype != d.dtype:
+            raise VerifyException(f"sched.transpose_tile: dtype {d.dtype} holds a tile of {s.dtype}")
+
+
+#: ops that stop a kernel or act on whole buffers (or segments): the passes that restructure a
+#: loop's elementwise body (fuse-siblings, column-strips, tile-transposes, jam-rows, map-cpu's
+#: vector loops) leave a loop holding one as it is
+OPAQUE: tuple[type[IRDLOperation], ...] = (RequireOp, SegmentsOp, SegmentStartOp, BufferMatmulOp, PackOp,
+                                           TransposeTileOp)
+
+
 def scalar_accums(loop: ForOp) -> list[AccumOp]:
     """The accumulations of ``loop``'s body into rank-0 buffers: what a reduction loop carries
     from one iteration to the next (the values map-cpu's lanes and map-gpu's block reductions
@@ -844,7 +880,7 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
         elif isinstance(o, BufferMatmulOp):
             reads |= {o.a, o.b, o.c} | ({o.b_packed} if o.b_packed is not None else set())
             writes.add(o.c)
-        elif isinstance(o, PackOp):
+        elif isinstance(o, PackOp | TransposeTileOp):
             reads.add(o.src)
             writes.add(o.dst)
         elif isinstance(o, SegmentsOp):
@@ -878,5 +914,5 @@ def counter_axes(loop: ForOp, bufs: set[SSAValue], counter: SSAValue | None = No
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, LoadFnOp, YieldOp, PrefetchOp, LoadBitOp,
                           FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp,
-                          PackOp, BarrierOp, SegWordsOp],
+                          PackOp, TransposeTileOp, BarrierOp, SegWordsOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

@@ -1,4 +1,4 @@
-"""``tile-transposes``: a loop nest that writes rows while reading columns walks square tiles (CPU).
+"""``tile-transposes``: a loop nest that writes rows while reading columns walks tiles (CPU).
 
 An output computed from a transposed input (``y = x.T * 2``, ``a + b.T``) lowers to::
 
@@ -11,24 +11,36 @@ An output computed from a transposed input (``y = x.T * 2``, ``a + b.T``) lowers
 
 Every iteration of ``Q`` reads a different line of ``x``; a line is used again only ``hi_j`` loads
 later, for the next ``i``, by when the caches hold 8192 other lines (8192x4096 f32: 131 ms, 30
-times the copy's time). This pass walks ``TILE x TILE`` tiles instead::
+times the copy's time). This pass walks ``TI x TJ`` tiles instead::
 
-    sched.for parallel tj = 0 to cdiv(hi_j, TILE) {
-      j0 = tj * TILE;  j1 = min(j0 + TILE, hi_j)
-      sched.for serial ti = 0 to cdiv(hi_i, TILE) {
-        i0 = ti * TILE;  i1 = min(i0 + TILE, hi_i)
-        sched.for serial i = i0 to i1 { sched.for parallel j = j0 to j1 { ...the body... } }
+    sched.for parallel tj = 0 to cdiv(hi_j, TJ) {
+      j0 = tj * TJ;  j1 = min(j0 + TJ, hi_j)
+      %t = sched.alloc local [TI, TJ]                          // (staged loads only)
+      sched.for serial ti = 0 to cdiv(hi_i, TI) {
+        i0 = ti * TI;  i1 = min(i0 + TI, hi_i)
+        sched.transpose_tile %x[j0, i0] -> %t, (j1 - j0) x (i1 - i0)
+        sched.for serial i = i0 to i1 {
+          sched.for parallel j = j0 to j1 { ... sched.load %t[i - i0, j - j0] ... }
+        }
       }
     }
 
-so a tile's ``TILE`` rows of ``x`` stay in L1 while its ``TILE`` rows of ``y`` are written (map-cpu
-then makes the inner loop a vector loop, as before), and a thread walks its ``TILE`` rows of ``x``
-along them, tile after tile (tiles of ``i`` in parallel instead, each thread reading 128 bytes of
-every row of ``x`` in turn, took 30 ms with tiles of 32; 13.8 in this order). Each element is
-computed by the same operations from the same values: the bits do not change. Only that shape is
-rewritten: both loops from 0, ``P``'s body ``Q`` alone, ``Q``'s bound fixed for ``P``, its body
-holding no loop, branch, check, allocation, accumulation or matmul, every store's last index
-``j``, and some load of a caller's input with ``j`` and ``i`` as its last two indices.
+A thread walks its ``TJ`` rows of ``x`` along them, tile after tile, and writes the ``TJ`` columns
+of ``y`` they give, row after row (tiles of ``i`` in parallel instead, each thread reading a little
+of every row of ``x`` in turn, took twice the time). A load of a caller's tensor whose last two
+indices are ``j`` and ``i`` (the others fixed for the nest) in a dtype of ``STAGED`` is *staged*:
+each tile of it is copied transposed into a local tile by ``sched.transpose_tile`` (the runtime's
+16x16 in-register transposes with AVX-512), and the body reads the local tile along its rows, so
+the vector loop over ``j`` loads vectors instead of one element a row apart each. The tiles are
+then long (``STAGED_TILE``: ``x`` read 512 elements a row, ``y`` written 32 a row, one 64-byte
+line of bf16: the streaming stores' strip); a nest with an unstaged transposed load keeps
+16 x 16 tiles, whose 16 rows of ``x`` stay in L1 between its strided loads. Each element is computed
+by the same operations from the same values: the bits do not change.
+
+Only that shape is rewritten: both loops from 0, ``P``'s body ``Q`` alone, ``Q``'s bound fixed for
+``P``, its body holding no loop, branch, check, allocation, accumulation or matmul, every store's
+last index ``j``, and some load of a caller's input with ``j`` and ``i`` as its last two indices.
+A staged tensor is neither batched (a row table) nor one of a ``may_alias`` pair.
 """
 
 from __future__ import annotations
@@ -42,12 +54,20 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 
-#: rows and columns of a tile: a 64-byte line of 16 f32 read from each of 16 rows, a line written
-#: to each of 16 (8192x4096, 2 threads, the Zen 5 VM: f32 9.6 ms, bf16 12.9; tiles of 32: 13.8 and
-#: 23.8; of 8: 21.2 and 24.5; of 64: 30.0 and 30.4)
-TILE = 16
+#: (TI, TJ) of a nest without staged loads: a 64-byte line of 16 f32 read from each of 16 rows of
+#: ``x``, a line written to each of 16 of ``y`` (8192x4096, 2 threads, the Zen 5 VM: f32 9.6 ms,
+#: bf16 12.9; tiles of 32: 13.8 and 23.8; of 8: 21.2 and 24.5; of 64: 30.0 and 30.4)
+TILE = (16, 16)
+#: (TI, TJ) of a nest with staged loads (8192x4096, 2 threads, the Zen 5 VM, in units of the time
+#: of a numpy copy of x beside it, f32 / bf16: 16 x 16 2.2 / 3.9, 64 x 64 1.65 / 2.9, 512 x 32
+#: 1.6 / 2.6, 32 x 512 2.6 / 3.0; unstaged 16 x 16: 3.6 / 8.1)
+STAGED_TILE = (512, 32)
 
-_NOT_IN_BODY = (s.ForOp, s.IfOp, s.RequireOp, s.AllocOp, s.AccumOp, s.BufferMatmulOp, s.PackOp, s.SegmentsOp)
+#: the dtypes whose tiles are staged transposed (sched.transpose_tile: the CPU runtime's
+#: opgen_<dtype>_transpose_tile, 16x16 in registers with AVX-512)
+STAGED = ("f32", "bf16", "f16")
+
+_NOT_IN_BODY = (s.ForOp, s.IfOp, s.AllocOp, s.AccumOp, *s.OPAQUE)
 
 
 def _nest(p: Operation) -> s.ForOp | None:
@@ -66,13 +86,12 @@ def _nest(p: Operation) -> s.ForOp | None:
     stores = [o for o in body if isinstance(o, s.StoreOp)]
     if not stores or any(list(st.idx)[-1] is not q.iv for st in stores):
         return None
-    return q if any(isinstance(o, s.LoadOp) and s.buf_type(o.buf).role.data == "in" and len(o.idx) >= 2
-                    and o.idx[-1] is p.iv and o.idx[-2] is q.iv for o in body) else None
+    return q if _transposed(p, q) else None
 
 
 def _tiles(hi: SSAValue, tile: SSAValue, where: InsertPoint) -> SSAValue:
-    """(hi + TILE - 1) / TILE, inserted at ``where`` (integer ops: ``hi`` need not be a size)."""
-    less = ir.ConstantOp(TILE - 1, "i64")
+    """(hi + tile - 1) / tile, inserted at ``where`` (integer ops: ``hi`` need not be a size)."""
+    less = ir.ConstantOp(ir.constant_int(tile) - 1, "i64")
     up = ir.AddOp(hi, less.result)
     count = ir.DivOp(up.result, tile)
     for o in (less, up, count):
@@ -89,36 +108,88 @@ def _span(block_ops: list[Operation], hi: SSAValue, t: SSAValue, tile: SSAValue)
     return start.result, stop.result
 
 
-def _rewrite(p: s.ForOp, q: s.ForOp) -> None:
-    tile, zero = ir.ConstantOp(TILE, "i64"), ir.ConstantOp(0, "i64")
+def _transposed(p: s.ForOp, q: s.ForOp) -> list[s.LoadOp]:
+    """The loads of ``q``'s body from a caller's input with ``j`` and ``i`` as their last two indices."""
+    return [o for o in q.body.block.ops if isinstance(o, s.LoadOp) and s.buf_type(o.buf).role.data == "in"
+            and len(o.idx) >= 2 and o.idx[-1] is p.iv and o.idx[-2] is q.iv]
+
+
+def _staged(k: s.KernelOp, p: s.ForOp, loads: list[s.LoadOp]) -> list[s.LoadOp]:
+    """Those of ``loads`` staged through a transposed tile (module docstring)."""
+    names = k.param_names
+    return [o for o in loads if o.buf in names and all(s.defined_outside(p, v) for v in o.idx[:-2])
+            and names[o.buf] not in k.batched_params | k.aliased
+            and all(d.name in STAGED for d in k.dtype_options(s.buf_type(o.buf).dtype))]
+
+
+def _stage(loads: list[s.LoadOp], tile: tuple[SSAValue, SSAValue], spans: tuple[tuple[SSAValue, SSAValue], ...],
+           tj: s.ForOp, ti_ops: list[Operation]) -> dict[s.LoadOp, SSAValue]:
+    """One local tile per distinct staged tensor (allocated in ``tj``'s body), filled at the head
+    of each tile (``ti_ops``): ``{load: its tile}``."""
+    (i0, i1), (j0, j1) = spans
+    rows, cols = ir.SubOp(j1, j0), ir.SubOp(i1, i0)
+    ti_ops.extend([rows, cols])
+    tiles: dict[tuple[SSAValue, tuple[SSAValue, ...]], SSAValue] = {}
+    out: dict[s.LoadOp, SSAValue] = {}
+    for ld in loads:
+        lead = tuple(ld.idx)[:-2]
+        key = (ld.buf, lead)
+        if key not in tiles:
+            alloc = s.AllocOp(s.BufType.make([ir.constant_int(t) for t in tile], s.buf_type(ld.buf).dtype, "local"),
+                              list(tile))
+            tj.body.block.insert_op_before(alloc, tj.body.block.first_op)  # type: ignore[arg-type]
+            tiles[key] = alloc.result
+            ti_ops.append(s.TransposeTileOp(ld.buf, [*lead, j0, i0], alloc.result, rows.result, cols.result))
+        out[ld] = tiles[key]
+    return out
+
+
+def _rewrite(k: s.KernelOp, p: s.ForOp, q: s.ForOp) -> None:
+    transposed = _transposed(p, q)
+    loads = _staged(k, p, transposed)
+    ti_size, tj_size = STAGED_TILE if loads == transposed else TILE
+    tile_i, tile_j, zero = ir.ConstantOp(ti_size, "i64"), ir.ConstantOp(tj_size, "i64"), ir.ConstantOp(0, "i64")
     where = InsertPoint.before(p)
-    Rewriter.insert_op(tile, where)
-    Rewriter.insert_op(zero, where)
-    tj = s.ForOp(zero.result, _tiles(q.hi, tile.result, where), "parallel", "t")
+    for c in (tile_i, tile_j, zero):
+        Rewriter.insert_op(c, where)
+    tj = s.ForOp(zero.result, _tiles(q.hi, tile_j.result, where), "parallel", "t")
     head: list[Operation] = []
-    j0, j1 = _span(head, q.hi, tj.iv, tile.result)
-    ti = s.ForOp(zero.result, _tiles(p.hi, tile.result, where), "serial", "t")
+    j0, j1 = _span(head, q.hi, tj.iv, tile_j.result)
+    ti = s.ForOp(zero.result, _tiles(p.hi, tile_i.result, where), "serial", "t")
     tj.body.block.add_ops([*head, ti])
     inner: list[Operation] = []
-    i0, i1 = _span(inner, p.hi, ti.iv, tile.result)
+    i0, i1 = _span(inner, p.hi, ti.iv, tile_i.result)
+    staged = _stage(loads, (tile_i.result, tile_j.result), ((i0, i1), (j0, j1)), tj, inner) if loads else {}
     rows = s.ForOp(i0, i1, "serial", "i")
     cols = s.ForOp(j0, j1, "parallel", "j")
     ti.body.block.add_ops([*inner, rows])
     rows.body.block.add_op(cols)
     mapping: dict[SSAValue, SSAValue] = {p.iv: rows.iv, q.iv: cols.iv}
+    if staged:  # (the tile's row and column of the element: i - i0, j - j0)
+        di, dj = ir.SubOp(rows.iv, i0), ir.SubOp(cols.iv, j0)
+        rows.body.block.insert_op_before(di, cols)
+        cols.body.block.add_op(dj)
     for op in q.body.block.ops:
-        cols.body.block.add_op(op.clone(value_mapper=mapping))
+        if op in staged:
+            ld = s.LoadOp(staged[op], [di.result, dj.result])
+            mapping[op.results[0]] = ld.result
+            cols.body.block.add_op(ld)
+        else:
+            cols.body.block.add_op(op.clone(value_mapper=mapping))
     Rewriter.insert_op(tj, InsertPoint.before(p))
     p.detach()
     p.erase()
 
 
 class TileTransposes(ModulePass):
-    """Walk a nest that reads a transposed input in square tiles (module docstring)."""
+    """Walk a nest that reads a transposed input in tiles, staged transposed where it can (module
+    docstring)."""
 
     name = "tile-transposes"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        nests = [(p, q) for p in op.walk() if (q := _nest(p)) is not None]  # (Q holds no loop: no overlap)
-        for p, q in nests:
-            _rewrite(p, q)
+        for k in op.walk():
+            if isinstance(k, s.KernelOp):
+                nests = [(p, q) for p in k.walk() if (q := _nest(p)) is not None]  # (Q holds no loop: no overlap)
+                for p, q in nests:
+                    _rewrite(k, p, q)
