@@ -1284,6 +1284,36 @@ def test_a_sum_over_the_middle_axis_walks_rows(built):
         assert isinstance(tokens, s.ForOp) and tokens.kind.data == "serial" and ld.idx[1] is tokens.iv
 
 
+def test_passes_that_only_read_rows_prefetch_into_l2(built):
+    """map-cpu: a stream loop that writes no caller tensor (token_sum's jammed pairs, BatchNorm's
+    column sums: only accumulators) prefetches its rows into L2 (``l2``), both rows of a jam-rows
+    pair (rows lo + 2p and lo + 2p + 1: counter expressions); a pass writing rows of a caller's
+    output (BatchNorm's grad_x) prefetches into L1."""
+    from opgen.lower.cpu_map import cpu_mapping
+    from opgen.lower.sched import CpuMapping
+    from opgen.passes import pipeline
+
+    for name, want in (("token_sum", {"x"}), ("batch_norm_backward", {"grad_y", "x"})):
+        m = built["ops"][name].module()
+        pipeline.run(m, "cpu", until="map-cpu")
+        (k,) = [o for o in m.walk() if isinstance(o, s.KernelOp)]
+        streams = [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_mapping(o) == CpuMapping.STREAM
+                   and any(isinstance(ld, s.LoadOp) and s.buf_type(ld.buf).role.data == "in"
+                           and s.buf_type(ld.buf).rank >= 2 for ld in o.body.block.ops)]
+        pairs = [o for o in streams if len({ld.idx[-2] for ld in o.body.block.ops if isinstance(ld, s.LoadOp)
+                                            and s.buf_type(ld.buf).rank >= 2}) == 2]
+        assert pairs, name
+        for loop in streams:
+            hints = [o for o in loop.body.block.ops if isinstance(o, s.PrefetchOp) and o.write is None]
+            writes_caller = any(isinstance(o, s.StoreOp) and s.buf_type(o.buf).role.data == "out"
+                                for o in loop.walk())
+            assert hints and all((h.l2 is None) == writes_caller for h in hints), (name, loop)
+        for pair in pairs:
+            hints = [o for o in pair.body.block.ops if isinstance(o, s.PrefetchOp)]
+            assert {k.param_names[h.buf] for h in hints} == want and len(hints) == 2 * len(want)
+            assert all(h.l2 is not None for h in hints)
+
+
 # ---------------------------------------------------------------------- transposed inputs
 
 

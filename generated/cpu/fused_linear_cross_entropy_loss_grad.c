@@ -106,9 +106,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -172,35 +172,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -210,69 +223,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -383,9 +409,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -449,35 +475,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -487,69 +526,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -660,9 +712,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -726,35 +778,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -764,69 +829,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }
@@ -937,9 +1015,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -1003,35 +1081,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -1041,69 +1132,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }
@@ -1220,13 +1324,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     char *wp = ws;
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l65_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l101_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
@@ -1274,83 +1378,107 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i43 = v15; i43 < v41; i43++) {
                 const int64_t v44 = v38 + i43;
-                #pragma omp simd
-                for (int64_t i45 = v15; i45 < d_H; i45++) {
-                    const float v46 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
-                    l42[i43 * d_H + i45] = v46;
-                }
-            }
-            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_spack(d_H, v41, l42, 1, d_H, l48);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_spack(v41, d_H, l42, d_H, 1, l49);
-            for (int64_t i50 = v15; i50 < v30; i50++) {
-                const int64_t v51 = i50 * v23;
-                const int64_t v52 = v51 + v23;
-                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
-                const int64_t v54 = v53 - v51;
-                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i56 = v15; i56 < v54; i56++) {
-                    const int64_t v57 = v51 + i56;
-                    #pragma omp simd
-                    for (int64_t i58 = v15; i58 < d_H; i58++) {
-                        const float v59 = opgen_f16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
-                        l55[i56 * d_H + i58] = v59;
-                    }
-                }
-                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
-                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i62 = v15; i62 < v54; i62++) {
-                    const int64_t v63 = v51 + i62;
-                    const float v64 = p_logits_max[v63 * st_logits_max_0];
-                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
-                    const int64_t v66 = p_masked_target[v63];
-                    const bool v67 = (bool)((p_target_mask[(v63 >> 3) * st_target_mask_0] >> (v63 & 7)) & 1);
-                    const bool v68 = !v67;
-                    const float v69 = p_grad[v63 * st_grad_0];
-                    #pragma omp simd
-                    for (int64_t i70 = v15; i70 < v41; i70++) {
-                        const int64_t v71 = v38 + i70;
-                        const float v72 = l60[i62 * 256ll + i70];
-                        const float v73 = v72;
-                        const float v74 = v73 - v64;
-                        const float v75 = opgen_expf(v74);
-                        const float v76 = v75 / v65;
-                        const bool v77 = v71 == v66;
-                        const bool v78 = v77 && v68;
-                        const float v79 = v78 ? v31 : v8;
-                        const float v80 = v76 - v79;
-                        const float v81 = v80 * v69;
-                        l61[i62 * 256ll + i70] = v81;
-                    }
-                }
-                const int64_t v82 = v36 + v51;
-                opgen_sgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
-                opgen_sgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
-            }
-            for (int64_t i83 = v15; i83 < v41; i83++) {
-                const int64_t v84 = v38 + i83;
                 {
-                    int64_t r86 = v15;
-                    for (; r86 + 32 <= d_H; r86 += 32) {
-                        _Alignas(64) float stg87[32];
+                    int64_t r46 = v15;
+                    for (; r46 + 32 <= d_H; r46 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v44 * st_weight_0 + r46 * st_weight_1, 2048);
                         #pragma omp simd
                         for (int l = 0; l < 32; l++) {
-                            const int64_t i85 = r86 + l; (void)i85;
-                            const float v88 = l47[i83 * d_H + i85];
-                            const float v89 = v88;
-                            stg87[l] = v89;
+                            const int64_t i45 = r46 + l; (void)i45;
+                            const float v47 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                            l42[i43 * d_H + i45] = v47;
                         }
-                        opgen_f16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
                     }
                     #pragma omp simd
-                    for (int64_t i85 = r86; i85 < d_H; i85++) {
-                        const float v90 = l47[i83 * d_H + i85];
-                        const float v91 = v90;
-                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v91);
+                    for (int64_t i45 = r46; i45 < d_H; i45++) {
+                        const float v48 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                        l42[i43 * d_H + i45] = v48;
+                    }
+                }
+            }
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            opgen_zero(l49, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v41, l42, 1, d_H, l50);
+            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v41, d_H, l42, d_H, 1, l51);
+            for (int64_t i52 = v15; i52 < v30; i52++) {
+                const int64_t v53 = i52 * v23;
+                const int64_t v54 = v53 + v23;
+                const int64_t v55 = ((v54 < d_BT || v54 != v54) ? v54 : d_BT);
+                const int64_t v56 = v55 - v53;
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i58 = v15; i58 < v56; i58++) {
+                    const int64_t v59 = v53 + i58;
+                    {
+                        int64_t r61 = v15;
+                        for (; r61 + 32 <= d_H; r61 += 32) {
+                            OPGEN_PREFETCH_L2(p_input, v59 * st_input_0 + r61 * st_input_1, 2048);
+                            #pragma omp simd
+                            for (int l = 0; l < 32; l++) {
+                                const int64_t i60 = r61 + l; (void)i60;
+                                const float v62 = opgen_f16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                                l57[i58 * d_H + i60] = v62;
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t i60 = r61; i60 < d_H; i60++) {
+                            const float v63 = opgen_f16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                            l57[i58 * d_H + i60] = v63;
+                        }
+                    }
+                }
+                float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm_pb(v56, v41, d_H, l57, d_H, 1, l42, 1, d_H, l50, l64, 256ll, 0);
+                float *restrict l65 = l65_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i66 = v15; i66 < v56; i66++) {
+                    const int64_t v67 = v53 + i66;
+                    const float v68 = p_logits_max[v67 * st_logits_max_0];
+                    const float v69 = p_sum_exp_logits[v67 * st_sum_exp_logits_0];
+                    const int64_t v70 = p_masked_target[v67];
+                    const bool v71 = (bool)((p_target_mask[(v67 >> 3) * st_target_mask_0] >> (v67 & 7)) & 1);
+                    const bool v72 = !v71;
+                    const float v73 = p_grad[v67 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i74 = v15; i74 < v41; i74++) {
+                        const int64_t v75 = v38 + i74;
+                        const float v76 = l64[i66 * 256ll + i74];
+                        const float v77 = v76;
+                        const float v78 = v77 - v68;
+                        const float v79 = opgen_expf(v78);
+                        const float v80 = v79 / v69;
+                        const bool v81 = v75 == v70;
+                        const bool v82 = v81 && v72;
+                        const float v83 = v82 ? v31 : v8;
+                        const float v84 = v80 - v83;
+                        const float v85 = v84 * v73;
+                        l65[i66 * 256ll + i74] = v85;
+                    }
+                }
+                const int64_t v86 = v36 + v53;
+                opgen_sgemm_pb(v56, d_H, v41, l65, 256ll, 1, l42, d_H, 1, l51, t29 + v86 * d_H, d_H, 1);
+                opgen_sgemm(v41, d_H, v56, l65, 1, 256ll, l57, d_H, 1, l49, d_H, 1);
+            }
+            for (int64_t i87 = v15; i87 < v41; i87++) {
+                const int64_t v88 = v38 + i87;
+                {
+                    int64_t r90 = v15;
+                    for (; r90 + 32 <= d_H; r90 += 32) {
+                        _Alignas(64) float stg91[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i89 = r90 + l; (void)i89;
+                            const float v92 = l49[i87 * d_H + i89];
+                            const float v93 = v92;
+                            stg91[l] = v93;
+                        }
+                        opgen_f16_store_strip(&p_weight_grad[v88 * st_weight_grad_0 + r90 * st_weight_grad_1], st_weight_grad_1, stg91, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i89 = r90; i89 < d_H; i89++) {
+                        const float v94 = l49[i87 * d_H + i89];
+                        const float v95 = v94;
+                        p_weight_grad[v88 * st_weight_grad_0 + i89 * st_weight_grad_1] = opgen_f32_to_f16(v95);
                     }
                 }
             }
@@ -1361,45 +1489,45 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i92 = v15; i92 < v30; i92++) {
-        const int64_t v93 = i92 * v23;
-        const int64_t v94 = v93 + v23;
-        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
-        const int64_t v96 = v95 - v93;
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v15; i98 < v28; i98++) {
-            const int64_t v99 = i98 * d_BT;
-            const int64_t v100 = v99 + v93;
-            for (int64_t i101 = v15; i101 < v96; i101++) {
-                const int64_t v102 = v100 + i101;
+    for (int64_t i96 = v15; i96 < v30; i96++) {
+        const int64_t v97 = i96 * v23;
+        const int64_t v98 = v97 + v23;
+        const int64_t v99 = ((v98 < d_BT || v98 != v98) ? v98 : d_BT);
+        const int64_t v100 = v99 - v97;
+        float *restrict l101 = l101_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l101, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i102 = v15; i102 < v28; i102++) {
+            const int64_t v103 = i102 * d_BT;
+            const int64_t v104 = v103 + v97;
+            for (int64_t i105 = v15; i105 < v100; i105++) {
+                const int64_t v106 = v104 + i105;
                 #pragma omp simd
-                for (int64_t i103 = v15; i103 < d_H; i103++) {
-                    const float v104 = t29[v102 * d_H + i103];
-                    l97[i101 * d_H + i103] += v104;
+                for (int64_t i107 = v15; i107 < d_H; i107++) {
+                    const float v108 = t29[v106 * d_H + i107];
+                    l101[i105 * d_H + i107] += v108;
                 }
             }
         }
-        for (int64_t i105 = v15; i105 < v96; i105++) {
-            const int64_t v106 = v93 + i105;
+        for (int64_t i109 = v15; i109 < v100; i109++) {
+            const int64_t v110 = v97 + i109;
             {
-                int64_t r108 = v15;
-                for (; r108 + 32 <= d_H; r108 += 32) {
-                    _Alignas(64) float stg109[32];
+                int64_t r112 = v15;
+                for (; r112 + 32 <= d_H; r112 += 32) {
+                    _Alignas(64) float stg113[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i107 = r108 + l; (void)i107;
-                        const float v110 = l97[i105 * d_H + i107];
-                        const float v111 = v110;
-                        stg109[l] = v111;
+                        const int64_t i111 = r112 + l; (void)i111;
+                        const float v114 = l101[i109 * d_H + i111];
+                        const float v115 = v114;
+                        stg113[l] = v115;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v110 * st_input_grad_0 + r112 * st_input_grad_1], st_input_grad_1, stg113, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i107 = r108; i107 < d_H; i107++) {
-                    const float v112 = l97[i105 * d_H + i107];
-                    const float v113 = v112;
-                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_f16(v113);
+                for (int64_t i111 = r112; i111 < d_H; i111++) {
+                    const float v116 = l101[i109 * d_H + i111];
+                    const float v117 = v116;
+                    p_input_grad[v110 * st_input_grad_0 + i111 * st_input_grad_1] = opgen_f32_to_f16(v117);
                 }
             }
         }
@@ -1516,13 +1644,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     char *wp = ws;
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l65_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l101_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
@@ -1570,83 +1698,107 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i43 = v15; i43 < v41; i43++) {
                 const int64_t v44 = v38 + i43;
-                #pragma omp simd
-                for (int64_t i45 = v15; i45 < d_H; i45++) {
-                    const float v46 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
-                    l42[i43 * d_H + i45] = v46;
-                }
-            }
-            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_spack(d_H, v41, l42, 1, d_H, l48);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_spack(v41, d_H, l42, d_H, 1, l49);
-            for (int64_t i50 = v15; i50 < v30; i50++) {
-                const int64_t v51 = i50 * v23;
-                const int64_t v52 = v51 + v23;
-                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
-                const int64_t v54 = v53 - v51;
-                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i56 = v15; i56 < v54; i56++) {
-                    const int64_t v57 = v51 + i56;
-                    #pragma omp simd
-                    for (int64_t i58 = v15; i58 < d_H; i58++) {
-                        const float v59 = opgen_f16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
-                        l55[i56 * d_H + i58] = v59;
-                    }
-                }
-                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
-                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i62 = v15; i62 < v54; i62++) {
-                    const int64_t v63 = v51 + i62;
-                    const float v64 = p_logits_max[v63 * st_logits_max_0];
-                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
-                    const int64_t v66 = p_masked_target[v63];
-                    const bool v67 = p_target_mask[v63 * st_target_mask_0];
-                    const bool v68 = !v67;
-                    const float v69 = p_grad[v63 * st_grad_0];
-                    #pragma omp simd
-                    for (int64_t i70 = v15; i70 < v41; i70++) {
-                        const int64_t v71 = v38 + i70;
-                        const float v72 = l60[i62 * 256ll + i70];
-                        const float v73 = v72;
-                        const float v74 = v73 - v64;
-                        const float v75 = opgen_expf(v74);
-                        const float v76 = v75 / v65;
-                        const bool v77 = v71 == v66;
-                        const bool v78 = v77 && v68;
-                        const float v79 = v78 ? v31 : v8;
-                        const float v80 = v76 - v79;
-                        const float v81 = v80 * v69;
-                        l61[i62 * 256ll + i70] = v81;
-                    }
-                }
-                const int64_t v82 = v36 + v51;
-                opgen_sgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
-                opgen_sgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
-            }
-            for (int64_t i83 = v15; i83 < v41; i83++) {
-                const int64_t v84 = v38 + i83;
                 {
-                    int64_t r86 = v15;
-                    for (; r86 + 32 <= d_H; r86 += 32) {
-                        _Alignas(64) float stg87[32];
+                    int64_t r46 = v15;
+                    for (; r46 + 32 <= d_H; r46 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v44 * st_weight_0 + r46 * st_weight_1, 2048);
                         #pragma omp simd
                         for (int l = 0; l < 32; l++) {
-                            const int64_t i85 = r86 + l; (void)i85;
-                            const float v88 = l47[i83 * d_H + i85];
-                            const float v89 = v88;
-                            stg87[l] = v89;
+                            const int64_t i45 = r46 + l; (void)i45;
+                            const float v47 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                            l42[i43 * d_H + i45] = v47;
                         }
-                        opgen_f16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
                     }
                     #pragma omp simd
-                    for (int64_t i85 = r86; i85 < d_H; i85++) {
-                        const float v90 = l47[i83 * d_H + i85];
-                        const float v91 = v90;
-                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v91);
+                    for (int64_t i45 = r46; i45 < d_H; i45++) {
+                        const float v48 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                        l42[i43 * d_H + i45] = v48;
+                    }
+                }
+            }
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            opgen_zero(l49, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v41, l42, 1, d_H, l50);
+            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v41, d_H, l42, d_H, 1, l51);
+            for (int64_t i52 = v15; i52 < v30; i52++) {
+                const int64_t v53 = i52 * v23;
+                const int64_t v54 = v53 + v23;
+                const int64_t v55 = ((v54 < d_BT || v54 != v54) ? v54 : d_BT);
+                const int64_t v56 = v55 - v53;
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i58 = v15; i58 < v56; i58++) {
+                    const int64_t v59 = v53 + i58;
+                    {
+                        int64_t r61 = v15;
+                        for (; r61 + 32 <= d_H; r61 += 32) {
+                            OPGEN_PREFETCH_L2(p_input, v59 * st_input_0 + r61 * st_input_1, 2048);
+                            #pragma omp simd
+                            for (int l = 0; l < 32; l++) {
+                                const int64_t i60 = r61 + l; (void)i60;
+                                const float v62 = opgen_f16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                                l57[i58 * d_H + i60] = v62;
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t i60 = r61; i60 < d_H; i60++) {
+                            const float v63 = opgen_f16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                            l57[i58 * d_H + i60] = v63;
+                        }
+                    }
+                }
+                float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm_pb(v56, v41, d_H, l57, d_H, 1, l42, 1, d_H, l50, l64, 256ll, 0);
+                float *restrict l65 = l65_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i66 = v15; i66 < v56; i66++) {
+                    const int64_t v67 = v53 + i66;
+                    const float v68 = p_logits_max[v67 * st_logits_max_0];
+                    const float v69 = p_sum_exp_logits[v67 * st_sum_exp_logits_0];
+                    const int64_t v70 = p_masked_target[v67];
+                    const bool v71 = p_target_mask[v67 * st_target_mask_0];
+                    const bool v72 = !v71;
+                    const float v73 = p_grad[v67 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i74 = v15; i74 < v41; i74++) {
+                        const int64_t v75 = v38 + i74;
+                        const float v76 = l64[i66 * 256ll + i74];
+                        const float v77 = v76;
+                        const float v78 = v77 - v68;
+                        const float v79 = opgen_expf(v78);
+                        const float v80 = v79 / v69;
+                        const bool v81 = v75 == v70;
+                        const bool v82 = v81 && v72;
+                        const float v83 = v82 ? v31 : v8;
+                        const float v84 = v80 - v83;
+                        const float v85 = v84 * v73;
+                        l65[i66 * 256ll + i74] = v85;
+                    }
+                }
+                const int64_t v86 = v36 + v53;
+                opgen_sgemm_pb(v56, d_H, v41, l65, 256ll, 1, l42, d_H, 1, l51, t29 + v86 * d_H, d_H, 1);
+                opgen_sgemm(v41, d_H, v56, l65, 1, 256ll, l57, d_H, 1, l49, d_H, 1);
+            }
+            for (int64_t i87 = v15; i87 < v41; i87++) {
+                const int64_t v88 = v38 + i87;
+                {
+                    int64_t r90 = v15;
+                    for (; r90 + 32 <= d_H; r90 += 32) {
+                        _Alignas(64) float stg91[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i89 = r90 + l; (void)i89;
+                            const float v92 = l49[i87 * d_H + i89];
+                            const float v93 = v92;
+                            stg91[l] = v93;
+                        }
+                        opgen_f16_store_strip(&p_weight_grad[v88 * st_weight_grad_0 + r90 * st_weight_grad_1], st_weight_grad_1, stg91, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i89 = r90; i89 < d_H; i89++) {
+                        const float v94 = l49[i87 * d_H + i89];
+                        const float v95 = v94;
+                        p_weight_grad[v88 * st_weight_grad_0 + i89 * st_weight_grad_1] = opgen_f32_to_f16(v95);
                     }
                 }
             }
@@ -1657,45 +1809,45 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i92 = v15; i92 < v30; i92++) {
-        const int64_t v93 = i92 * v23;
-        const int64_t v94 = v93 + v23;
-        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
-        const int64_t v96 = v95 - v93;
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v15; i98 < v28; i98++) {
-            const int64_t v99 = i98 * d_BT;
-            const int64_t v100 = v99 + v93;
-            for (int64_t i101 = v15; i101 < v96; i101++) {
-                const int64_t v102 = v100 + i101;
+    for (int64_t i96 = v15; i96 < v30; i96++) {
+        const int64_t v97 = i96 * v23;
+        const int64_t v98 = v97 + v23;
+        const int64_t v99 = ((v98 < d_BT || v98 != v98) ? v98 : d_BT);
+        const int64_t v100 = v99 - v97;
+        float *restrict l101 = l101_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l101, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i102 = v15; i102 < v28; i102++) {
+            const int64_t v103 = i102 * d_BT;
+            const int64_t v104 = v103 + v97;
+            for (int64_t i105 = v15; i105 < v100; i105++) {
+                const int64_t v106 = v104 + i105;
                 #pragma omp simd
-                for (int64_t i103 = v15; i103 < d_H; i103++) {
-                    const float v104 = t29[v102 * d_H + i103];
-                    l97[i101 * d_H + i103] += v104;
+                for (int64_t i107 = v15; i107 < d_H; i107++) {
+                    const float v108 = t29[v106 * d_H + i107];
+                    l101[i105 * d_H + i107] += v108;
                 }
             }
         }
-        for (int64_t i105 = v15; i105 < v96; i105++) {
-            const int64_t v106 = v93 + i105;
+        for (int64_t i109 = v15; i109 < v100; i109++) {
+            const int64_t v110 = v97 + i109;
             {
-                int64_t r108 = v15;
-                for (; r108 + 32 <= d_H; r108 += 32) {
-                    _Alignas(64) float stg109[32];
+                int64_t r112 = v15;
+                for (; r112 + 32 <= d_H; r112 += 32) {
+                    _Alignas(64) float stg113[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i107 = r108 + l; (void)i107;
-                        const float v110 = l97[i105 * d_H + i107];
-                        const float v111 = v110;
-                        stg109[l] = v111;
+                        const int64_t i111 = r112 + l; (void)i111;
+                        const float v114 = l101[i109 * d_H + i111];
+                        const float v115 = v114;
+                        stg113[l] = v115;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v110 * st_input_grad_0 + r112 * st_input_grad_1], st_input_grad_1, stg113, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i107 = r108; i107 < d_H; i107++) {
-                    const float v112 = l97[i105 * d_H + i107];
-                    const float v113 = v112;
-                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_f16(v113);
+                for (int64_t i111 = r112; i111 < d_H; i111++) {
+                    const float v116 = l101[i109 * d_H + i111];
+                    const float v117 = v116;
+                    p_input_grad[v110 * st_input_grad_0 + i111 * st_input_grad_1] = opgen_f32_to_f16(v117);
                 }
             }
         }
@@ -1812,13 +1964,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     char *wp = ws;
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l65_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l101_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
@@ -1866,83 +2018,107 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i43 = v15; i43 < v41; i43++) {
                 const int64_t v44 = v38 + i43;
-                #pragma omp simd
-                for (int64_t i45 = v15; i45 < d_H; i45++) {
-                    const float v46 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
-                    l42[i43 * d_H + i45] = v46;
-                }
-            }
-            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l48);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_bpack(v41, d_H, l42, d_H, 1, (uint16_t *)l49);
-            for (int64_t i50 = v15; i50 < v30; i50++) {
-                const int64_t v51 = i50 * v23;
-                const int64_t v52 = v51 + v23;
-                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
-                const int64_t v54 = v53 - v51;
-                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i56 = v15; i56 < v54; i56++) {
-                    const int64_t v57 = v51 + i56;
-                    #pragma omp simd
-                    for (int64_t i58 = v15; i58 < d_H; i58++) {
-                        const float v59 = opgen_bf16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
-                        l55[i56 * d_H + i58] = v59;
-                    }
-                }
-                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, (uint16_t *)l48, l60, 256ll, 0);
-                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i62 = v15; i62 < v54; i62++) {
-                    const int64_t v63 = v51 + i62;
-                    const float v64 = p_logits_max[v63 * st_logits_max_0];
-                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
-                    const int64_t v66 = p_masked_target[v63];
-                    const bool v67 = (bool)((p_target_mask[(v63 >> 3) * st_target_mask_0] >> (v63 & 7)) & 1);
-                    const bool v68 = !v67;
-                    const float v69 = p_grad[v63 * st_grad_0];
-                    #pragma omp simd
-                    for (int64_t i70 = v15; i70 < v41; i70++) {
-                        const int64_t v71 = v38 + i70;
-                        const float v72 = l60[i62 * 256ll + i70];
-                        const float v73 = v72;
-                        const float v74 = v73 - v64;
-                        const float v75 = opgen_expf(v74);
-                        const float v76 = v75 / v65;
-                        const bool v77 = v71 == v66;
-                        const bool v78 = v77 && v68;
-                        const float v79 = v78 ? v31 : v8;
-                        const float v80 = v76 - v79;
-                        const float v81 = v80 * v69;
-                        l61[i62 * 256ll + i70] = v81;
-                    }
-                }
-                const int64_t v82 = v36 + v51;
-                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, (uint16_t *)l49, t29 + v82 * d_H, d_H, 1);
-                opgen_bgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
-            }
-            for (int64_t i83 = v15; i83 < v41; i83++) {
-                const int64_t v84 = v38 + i83;
                 {
-                    int64_t r86 = v15;
-                    for (; r86 + 32 <= d_H; r86 += 32) {
-                        _Alignas(64) float stg87[32];
+                    int64_t r46 = v15;
+                    for (; r46 + 32 <= d_H; r46 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v44 * st_weight_0 + r46 * st_weight_1, 2048);
                         #pragma omp simd
                         for (int l = 0; l < 32; l++) {
-                            const int64_t i85 = r86 + l; (void)i85;
-                            const float v88 = l47[i83 * d_H + i85];
-                            const float v89 = v88;
-                            stg87[l] = v89;
+                            const int64_t i45 = r46 + l; (void)i45;
+                            const float v47 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                            l42[i43 * d_H + i45] = v47;
                         }
-                        opgen_bf16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
                     }
                     #pragma omp simd
-                    for (int64_t i85 = r86; i85 < d_H; i85++) {
-                        const float v90 = l47[i83 * d_H + i85];
-                        const float v91 = v90;
-                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v91);
+                    for (int64_t i45 = r46; i45 < d_H; i45++) {
+                        const float v48 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                        l42[i43 * d_H + i45] = v48;
+                    }
+                }
+            }
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            opgen_zero(l49, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l50);
+            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v41, d_H, l42, d_H, 1, (uint16_t *)l51);
+            for (int64_t i52 = v15; i52 < v30; i52++) {
+                const int64_t v53 = i52 * v23;
+                const int64_t v54 = v53 + v23;
+                const int64_t v55 = ((v54 < d_BT || v54 != v54) ? v54 : d_BT);
+                const int64_t v56 = v55 - v53;
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i58 = v15; i58 < v56; i58++) {
+                    const int64_t v59 = v53 + i58;
+                    {
+                        int64_t r61 = v15;
+                        for (; r61 + 32 <= d_H; r61 += 32) {
+                            OPGEN_PREFETCH_L2(p_input, v59 * st_input_0 + r61 * st_input_1, 2048);
+                            #pragma omp simd
+                            for (int l = 0; l < 32; l++) {
+                                const int64_t i60 = r61 + l; (void)i60;
+                                const float v62 = opgen_bf16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                                l57[i58 * d_H + i60] = v62;
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t i60 = r61; i60 < d_H; i60++) {
+                            const float v63 = opgen_bf16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                            l57[i58 * d_H + i60] = v63;
+                        }
+                    }
+                }
+                float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm_pb(v56, v41, d_H, l57, d_H, 1, l42, 1, d_H, (uint16_t *)l50, l64, 256ll, 0);
+                float *restrict l65 = l65_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i66 = v15; i66 < v56; i66++) {
+                    const int64_t v67 = v53 + i66;
+                    const float v68 = p_logits_max[v67 * st_logits_max_0];
+                    const float v69 = p_sum_exp_logits[v67 * st_sum_exp_logits_0];
+                    const int64_t v70 = p_masked_target[v67];
+                    const bool v71 = (bool)((p_target_mask[(v67 >> 3) * st_target_mask_0] >> (v67 & 7)) & 1);
+                    const bool v72 = !v71;
+                    const float v73 = p_grad[v67 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i74 = v15; i74 < v41; i74++) {
+                        const int64_t v75 = v38 + i74;
+                        const float v76 = l64[i66 * 256ll + i74];
+                        const float v77 = v76;
+                        const float v78 = v77 - v68;
+                        const float v79 = opgen_expf(v78);
+                        const float v80 = v79 / v69;
+                        const bool v81 = v75 == v70;
+                        const bool v82 = v81 && v72;
+                        const float v83 = v82 ? v31 : v8;
+                        const float v84 = v80 - v83;
+                        const float v85 = v84 * v73;
+                        l65[i66 * 256ll + i74] = v85;
+                    }
+                }
+                const int64_t v86 = v36 + v53;
+                opgen_bgemm_pb(v56, d_H, v41, l65, 256ll, 1, l42, d_H, 1, (uint16_t *)l51, t29 + v86 * d_H, d_H, 1);
+                opgen_bgemm(v41, d_H, v56, l65, 1, 256ll, l57, d_H, 1, l49, d_H, 1);
+            }
+            for (int64_t i87 = v15; i87 < v41; i87++) {
+                const int64_t v88 = v38 + i87;
+                {
+                    int64_t r90 = v15;
+                    for (; r90 + 32 <= d_H; r90 += 32) {
+                        _Alignas(64) float stg91[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i89 = r90 + l; (void)i89;
+                            const float v92 = l49[i87 * d_H + i89];
+                            const float v93 = v92;
+                            stg91[l] = v93;
+                        }
+                        opgen_bf16_store_strip(&p_weight_grad[v88 * st_weight_grad_0 + r90 * st_weight_grad_1], st_weight_grad_1, stg91, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i89 = r90; i89 < d_H; i89++) {
+                        const float v94 = l49[i87 * d_H + i89];
+                        const float v95 = v94;
+                        p_weight_grad[v88 * st_weight_grad_0 + i89 * st_weight_grad_1] = opgen_f32_to_bf16(v95);
                     }
                 }
             }
@@ -1953,45 +2129,45 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i92 = v15; i92 < v30; i92++) {
-        const int64_t v93 = i92 * v23;
-        const int64_t v94 = v93 + v23;
-        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
-        const int64_t v96 = v95 - v93;
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v15; i98 < v28; i98++) {
-            const int64_t v99 = i98 * d_BT;
-            const int64_t v100 = v99 + v93;
-            for (int64_t i101 = v15; i101 < v96; i101++) {
-                const int64_t v102 = v100 + i101;
+    for (int64_t i96 = v15; i96 < v30; i96++) {
+        const int64_t v97 = i96 * v23;
+        const int64_t v98 = v97 + v23;
+        const int64_t v99 = ((v98 < d_BT || v98 != v98) ? v98 : d_BT);
+        const int64_t v100 = v99 - v97;
+        float *restrict l101 = l101_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l101, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i102 = v15; i102 < v28; i102++) {
+            const int64_t v103 = i102 * d_BT;
+            const int64_t v104 = v103 + v97;
+            for (int64_t i105 = v15; i105 < v100; i105++) {
+                const int64_t v106 = v104 + i105;
                 #pragma omp simd
-                for (int64_t i103 = v15; i103 < d_H; i103++) {
-                    const float v104 = t29[v102 * d_H + i103];
-                    l97[i101 * d_H + i103] += v104;
+                for (int64_t i107 = v15; i107 < d_H; i107++) {
+                    const float v108 = t29[v106 * d_H + i107];
+                    l101[i105 * d_H + i107] += v108;
                 }
             }
         }
-        for (int64_t i105 = v15; i105 < v96; i105++) {
-            const int64_t v106 = v93 + i105;
+        for (int64_t i109 = v15; i109 < v100; i109++) {
+            const int64_t v110 = v97 + i109;
             {
-                int64_t r108 = v15;
-                for (; r108 + 32 <= d_H; r108 += 32) {
-                    _Alignas(64) float stg109[32];
+                int64_t r112 = v15;
+                for (; r112 + 32 <= d_H; r112 += 32) {
+                    _Alignas(64) float stg113[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i107 = r108 + l; (void)i107;
-                        const float v110 = l97[i105 * d_H + i107];
-                        const float v111 = v110;
-                        stg109[l] = v111;
+                        const int64_t i111 = r112 + l; (void)i111;
+                        const float v114 = l101[i109 * d_H + i111];
+                        const float v115 = v114;
+                        stg113[l] = v115;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v110 * st_input_grad_0 + r112 * st_input_grad_1], st_input_grad_1, stg113, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i107 = r108; i107 < d_H; i107++) {
-                    const float v112 = l97[i105 * d_H + i107];
-                    const float v113 = v112;
-                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_bf16(v113);
+                for (int64_t i111 = r112; i111 < d_H; i111++) {
+                    const float v116 = l101[i109 * d_H + i111];
+                    const float v117 = v116;
+                    p_input_grad[v110 * st_input_grad_0 + i111 * st_input_grad_1] = opgen_f32_to_bf16(v117);
                 }
             }
         }
@@ -2108,13 +2284,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     char *wp = ws;
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l64_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l65_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l101_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
@@ -2162,83 +2338,107 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i43 = v15; i43 < v41; i43++) {
                 const int64_t v44 = v38 + i43;
-                #pragma omp simd
-                for (int64_t i45 = v15; i45 < d_H; i45++) {
-                    const float v46 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
-                    l42[i43 * d_H + i45] = v46;
-                }
-            }
-            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l48);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_bpack(v41, d_H, l42, d_H, 1, (uint16_t *)l49);
-            for (int64_t i50 = v15; i50 < v30; i50++) {
-                const int64_t v51 = i50 * v23;
-                const int64_t v52 = v51 + v23;
-                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
-                const int64_t v54 = v53 - v51;
-                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i56 = v15; i56 < v54; i56++) {
-                    const int64_t v57 = v51 + i56;
-                    #pragma omp simd
-                    for (int64_t i58 = v15; i58 < d_H; i58++) {
-                        const float v59 = opgen_bf16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
-                        l55[i56 * d_H + i58] = v59;
-                    }
-                }
-                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, (uint16_t *)l48, l60, 256ll, 0);
-                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i62 = v15; i62 < v54; i62++) {
-                    const int64_t v63 = v51 + i62;
-                    const float v64 = p_logits_max[v63 * st_logits_max_0];
-                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
-                    const int64_t v66 = p_masked_target[v63];
-                    const bool v67 = p_target_mask[v63 * st_target_mask_0];
-                    const bool v68 = !v67;
-                    const float v69 = p_grad[v63 * st_grad_0];
-                    #pragma omp simd
-                    for (int64_t i70 = v15; i70 < v41; i70++) {
-                        const int64_t v71 = v38 + i70;
-                        const float v72 = l60[i62 * 256ll + i70];
-                        const float v73 = v72;
-                        const float v74 = v73 - v64;
-                        const float v75 = opgen_expf(v74);
-                        const float v76 = v75 / v65;
-                        const bool v77 = v71 == v66;
-                        const bool v78 = v77 && v68;
-                        const float v79 = v78 ? v31 : v8;
-                        const float v80 = v76 - v79;
-                        const float v81 = v80 * v69;
-                        l61[i62 * 256ll + i70] = v81;
-                    }
-                }
-                const int64_t v82 = v36 + v51;
-                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, (uint16_t *)l49, t29 + v82 * d_H, d_H, 1);
-                opgen_bgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
-            }
-            for (int64_t i83 = v15; i83 < v41; i83++) {
-                const int64_t v84 = v38 + i83;
                 {
-                    int64_t r86 = v15;
-                    for (; r86 + 32 <= d_H; r86 += 32) {
-                        _Alignas(64) float stg87[32];
+                    int64_t r46 = v15;
+                    for (; r46 + 32 <= d_H; r46 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v44 * st_weight_0 + r46 * st_weight_1, 2048);
                         #pragma omp simd
                         for (int l = 0; l < 32; l++) {
-                            const int64_t i85 = r86 + l; (void)i85;
-                            const float v88 = l47[i83 * d_H + i85];
-                            const float v89 = v88;
-                            stg87[l] = v89;
+                            const int64_t i45 = r46 + l; (void)i45;
+                            const float v47 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                            l42[i43 * d_H + i45] = v47;
                         }
-                        opgen_bf16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
                     }
                     #pragma omp simd
-                    for (int64_t i85 = r86; i85 < d_H; i85++) {
-                        const float v90 = l47[i83 * d_H + i85];
-                        const float v91 = v90;
-                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v91);
+                    for (int64_t i45 = r46; i45 < d_H; i45++) {
+                        const float v48 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                        l42[i43 * d_H + i45] = v48;
+                    }
+                }
+            }
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            opgen_zero(l49, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l50);
+            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v41, d_H, l42, d_H, 1, (uint16_t *)l51);
+            for (int64_t i52 = v15; i52 < v30; i52++) {
+                const int64_t v53 = i52 * v23;
+                const int64_t v54 = v53 + v23;
+                const int64_t v55 = ((v54 < d_BT || v54 != v54) ? v54 : d_BT);
+                const int64_t v56 = v55 - v53;
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i58 = v15; i58 < v56; i58++) {
+                    const int64_t v59 = v53 + i58;
+                    {
+                        int64_t r61 = v15;
+                        for (; r61 + 32 <= d_H; r61 += 32) {
+                            OPGEN_PREFETCH_L2(p_input, v59 * st_input_0 + r61 * st_input_1, 2048);
+                            #pragma omp simd
+                            for (int l = 0; l < 32; l++) {
+                                const int64_t i60 = r61 + l; (void)i60;
+                                const float v62 = opgen_bf16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                                l57[i58 * d_H + i60] = v62;
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t i60 = r61; i60 < d_H; i60++) {
+                            const float v63 = opgen_bf16_to_f32(p_input[v59 * st_input_0 + i60 * st_input_1]);
+                            l57[i58 * d_H + i60] = v63;
+                        }
+                    }
+                }
+                float *restrict l64 = l64_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm_pb(v56, v41, d_H, l57, d_H, 1, l42, 1, d_H, (uint16_t *)l50, l64, 256ll, 0);
+                float *restrict l65 = l65_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i66 = v15; i66 < v56; i66++) {
+                    const int64_t v67 = v53 + i66;
+                    const float v68 = p_logits_max[v67 * st_logits_max_0];
+                    const float v69 = p_sum_exp_logits[v67 * st_sum_exp_logits_0];
+                    const int64_t v70 = p_masked_target[v67];
+                    const bool v71 = p_target_mask[v67 * st_target_mask_0];
+                    const bool v72 = !v71;
+                    const float v73 = p_grad[v67 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i74 = v15; i74 < v41; i74++) {
+                        const int64_t v75 = v38 + i74;
+                        const float v76 = l64[i66 * 256ll + i74];
+                        const float v77 = v76;
+                        const float v78 = v77 - v68;
+                        const float v79 = opgen_expf(v78);
+                        const float v80 = v79 / v69;
+                        const bool v81 = v75 == v70;
+                        const bool v82 = v81 && v72;
+                        const float v83 = v82 ? v31 : v8;
+                        const float v84 = v80 - v83;
+                        const float v85 = v84 * v73;
+                        l65[i66 * 256ll + i74] = v85;
+                    }
+                }
+                const int64_t v86 = v36 + v53;
+                opgen_bgemm_pb(v56, d_H, v41, l65, 256ll, 1, l42, d_H, 1, (uint16_t *)l51, t29 + v86 * d_H, d_H, 1);
+                opgen_bgemm(v41, d_H, v56, l65, 1, 256ll, l57, d_H, 1, l49, d_H, 1);
+            }
+            for (int64_t i87 = v15; i87 < v41; i87++) {
+                const int64_t v88 = v38 + i87;
+                {
+                    int64_t r90 = v15;
+                    for (; r90 + 32 <= d_H; r90 += 32) {
+                        _Alignas(64) float stg91[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i89 = r90 + l; (void)i89;
+                            const float v92 = l49[i87 * d_H + i89];
+                            const float v93 = v92;
+                            stg91[l] = v93;
+                        }
+                        opgen_bf16_store_strip(&p_weight_grad[v88 * st_weight_grad_0 + r90 * st_weight_grad_1], st_weight_grad_1, stg91, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i89 = r90; i89 < d_H; i89++) {
+                        const float v94 = l49[i87 * d_H + i89];
+                        const float v95 = v94;
+                        p_weight_grad[v88 * st_weight_grad_0 + i89 * st_weight_grad_1] = opgen_f32_to_bf16(v95);
                     }
                 }
             }
@@ -2249,45 +2449,45 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i92 = v15; i92 < v30; i92++) {
-        const int64_t v93 = i92 * v23;
-        const int64_t v94 = v93 + v23;
-        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
-        const int64_t v96 = v95 - v93;
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v15; i98 < v28; i98++) {
-            const int64_t v99 = i98 * d_BT;
-            const int64_t v100 = v99 + v93;
-            for (int64_t i101 = v15; i101 < v96; i101++) {
-                const int64_t v102 = v100 + i101;
+    for (int64_t i96 = v15; i96 < v30; i96++) {
+        const int64_t v97 = i96 * v23;
+        const int64_t v98 = v97 + v23;
+        const int64_t v99 = ((v98 < d_BT || v98 != v98) ? v98 : d_BT);
+        const int64_t v100 = v99 - v97;
+        float *restrict l101 = l101_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l101, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i102 = v15; i102 < v28; i102++) {
+            const int64_t v103 = i102 * d_BT;
+            const int64_t v104 = v103 + v97;
+            for (int64_t i105 = v15; i105 < v100; i105++) {
+                const int64_t v106 = v104 + i105;
                 #pragma omp simd
-                for (int64_t i103 = v15; i103 < d_H; i103++) {
-                    const float v104 = t29[v102 * d_H + i103];
-                    l97[i101 * d_H + i103] += v104;
+                for (int64_t i107 = v15; i107 < d_H; i107++) {
+                    const float v108 = t29[v106 * d_H + i107];
+                    l101[i105 * d_H + i107] += v108;
                 }
             }
         }
-        for (int64_t i105 = v15; i105 < v96; i105++) {
-            const int64_t v106 = v93 + i105;
+        for (int64_t i109 = v15; i109 < v100; i109++) {
+            const int64_t v110 = v97 + i109;
             {
-                int64_t r108 = v15;
-                for (; r108 + 32 <= d_H; r108 += 32) {
-                    _Alignas(64) float stg109[32];
+                int64_t r112 = v15;
+                for (; r112 + 32 <= d_H; r112 += 32) {
+                    _Alignas(64) float stg113[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i107 = r108 + l; (void)i107;
-                        const float v110 = l97[i105 * d_H + i107];
-                        const float v111 = v110;
-                        stg109[l] = v111;
+                        const int64_t i111 = r112 + l; (void)i111;
+                        const float v114 = l101[i109 * d_H + i111];
+                        const float v115 = v114;
+                        stg113[l] = v115;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v110 * st_input_grad_0 + r112 * st_input_grad_1], st_input_grad_1, stg113, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i107 = r108; i107 < d_H; i107++) {
-                    const float v112 = l97[i105 * d_H + i107];
-                    const float v113 = v112;
-                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_bf16(v113);
+                for (int64_t i111 = r112; i111 < d_H; i111++) {
+                    const float v116 = l101[i109 * d_H + i111];
+                    const float v117 = v116;
+                    p_input_grad[v110 * st_input_grad_0 + i111 * st_input_grad_1] = opgen_f32_to_bf16(v117);
                 }
             }
         }
@@ -2398,9 +2598,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -2464,35 +2664,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -2502,69 +2715,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -2675,9 +2901,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -2741,35 +2967,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -2779,69 +3018,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -2952,9 +3204,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -3018,35 +3270,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -3056,69 +3321,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }
@@ -3229,9 +3507,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -3295,35 +3573,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -3333,69 +3624,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }
@@ -3506,9 +3810,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -3572,35 +3876,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -3610,69 +3927,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -3783,9 +4113,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -3849,35 +4179,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -3887,69 +4230,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -4060,9 +4416,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -4126,35 +4482,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -4164,69 +4533,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }
@@ -4337,9 +4719,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -4403,35 +4785,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -4441,69 +4836,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }
@@ -4614,9 +5022,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -4680,35 +5088,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -4718,69 +5139,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -4891,9 +5325,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -4957,35 +5391,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_f16(v70);
                 }
             }
         }
@@ -4995,69 +5442,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_sgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_f16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_f16(v114);
                 }
             }
         }
@@ -5168,9 +5628,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -5234,35 +5694,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -5272,69 +5745,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }
@@ -5445,9 +5931,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
@@ -5511,35 +5997,48 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
-                #pragma omp simd
-                for (int64_t i56 = v15; i56 < d_H; i56++) {
-                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
-                    const float v58 = v57;
-                    l53[i54 * d_H + i56] = v58;
+                {
+                    int64_t r57 = v15;
+                    for (; r57 + 32 <= d_H; r57 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v55 * st_weight_0 + r57 * st_weight_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i56 = r57 + l; (void)i56;
+                            const float v58 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                            const float v59 = v58;
+                            l53[i54 * d_H + i56] = v59;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i56 = r57; i56 < d_H; i56++) {
+                        const float v60 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                        const float v61 = v60;
+                        l53[i54 * d_H + i56] = v61;
+                    }
                 }
             }
             opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i59 = v15; i59 < v31; i59++) {
-            const int64_t v60 = v28 + i59;
+        for (int64_t i62 = v15; i62 < v31; i62++) {
+            const int64_t v63 = v28 + i62;
             {
-                int64_t r62 = v15;
-                for (; r62 + 32 <= d_H; r62 += 32) {
-                    _Alignas(64) float stg63[32];
+                int64_t r65 = v15;
+                for (; r65 + 32 <= d_H; r65 += 32) {
+                    _Alignas(64) float stg66[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v64 = l32[i59 * d_H + i61];
-                        const float v65 = v64;
-                        stg63[l] = v65;
+                        const int64_t i64 = r65 + l; (void)i64;
+                        const float v67 = l32[i62 * d_H + i64];
+                        const float v68 = v67;
+                        stg66[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v63 * st_input_grad_0 + r65 * st_input_grad_1], st_input_grad_1, stg66, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_H; i61++) {
-                    const float v66 = l32[i59 * d_H + i61];
-                    const float v67 = v66;
-                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                for (int64_t i64 = r65; i64 < d_H; i64++) {
+                    const float v69 = l32[i62 * d_H + i64];
+                    const float v70 = v69;
+                    p_input_grad[v63 * st_input_grad_0 + i64 * st_input_grad_1] = opgen_f32_to_bf16(v70);
                 }
             }
         }
@@ -5549,69 +6048,82 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i68 = v15; i68 < v25; i68++) {
-        const int64_t v69 = i68 * v23;
-        const int64_t v70 = v69 + v23;
-        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
-        const int64_t v72 = v71 - v69;
-        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i74 = v15; i74 < v24; i74++) {
-            const int64_t v75 = i74 * v23;
-            const int64_t v76 = v75 + v23;
-            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
-            const int64_t v78 = v77 - v75;
-            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i80 = v15; i80 < v78; i80++) {
-                const int64_t v81 = v75 + i80;
-                const int64_t v82 = p_masked_target[v81];
-                const bool v83 = p_target_mask[v81 * st_target_mask_0];
-                const bool v84 = !v83;
-                const float v85 = p_grad[v81 * st_grad_0];
+    for (int64_t i71 = v15; i71 < v25; i71++) {
+        const int64_t v72 = i71 * v23;
+        const int64_t v73 = v72 + v23;
+        const int64_t v74 = ((v73 < d_V || v73 != v73) ? v73 : d_V);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l76, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v15; i77 < v24; i77++) {
+            const int64_t v78 = i77 * v23;
+            const int64_t v79 = v78 + v23;
+            const int64_t v80 = ((v79 < d_BT || v79 != v79) ? v79 : d_BT);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v15; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i86 = v15; i86 < v72; i86++) {
-                    const int64_t v87 = v69 + i86;
-                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
-                    const bool v89 = v87 == v82;
-                    const bool v90 = v89 && v84;
-                    const float v91 = v90 ? v26 : v8;
-                    const float v92 = v88 - v91;
-                    const float v93 = v92 * v85;
-                    l79[i80 * 256ll + i86] = v93;
+                for (int64_t i89 = v15; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v26 : v8;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i95 = v15; i95 < v78; i95++) {
-                const int64_t v96 = v75 + i95;
-                #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
-                    const float v99 = v98;
-                    l94[i95 * d_H + i97] = v99;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v15; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                {
+                    int64_t r101 = v15;
+                    for (; r101 + 32 <= d_H; r101 += 32) {
+                        OPGEN_PREFETCH_L2(p_input, v99 * st_input_0 + r101 * st_input_1, 2048);
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i100 = r101 + l; (void)i100;
+                            const float v102 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                            const float v103 = v102;
+                            l97[i98 * d_H + i100] = v103;
+                        }
+                    }
+                    #pragma omp simd
+                    for (int64_t i100 = r101; i100 < d_H; i100++) {
+                        const float v104 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                        const float v105 = v104;
+                        l97[i98 * d_H + i100] = v105;
+                    }
                 }
             }
-            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
+            opgen_bgemm(v75, d_H, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i100 = v15; i100 < v72; i100++) {
-            const int64_t v101 = v69 + i100;
+        for (int64_t i106 = v15; i106 < v75; i106++) {
+            const int64_t v107 = v72 + i106;
             {
-                int64_t r103 = v15;
-                for (; r103 + 32 <= d_H; r103 += 32) {
-                    _Alignas(64) float stg104[32];
+                int64_t r109 = v15;
+                for (; r109 + 32 <= d_H; r109 += 32) {
+                    _Alignas(64) float stg110[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i102 = r103 + l; (void)i102;
-                        const float v105 = l73[i100 * d_H + i102];
-                        const float v106 = v105;
-                        stg104[l] = v106;
+                        const int64_t i108 = r109 + l; (void)i108;
+                        const float v111 = l76[i106 * d_H + i108];
+                        const float v112 = v111;
+                        stg110[l] = v112;
                     }
-                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                    opgen_bf16_store_strip(&p_weight_grad[v107 * st_weight_grad_0 + r109 * st_weight_grad_1], st_weight_grad_1, stg110, 32, nt_p_weight_grad);
                 }
                 #pragma omp simd
-                for (int64_t i102 = r103; i102 < d_H; i102++) {
-                    const float v107 = l73[i100 * d_H + i102];
-                    const float v108 = v107;
-                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                for (int64_t i108 = r109; i108 < d_H; i108++) {
+                    const float v113 = l76[i106 * d_H + i108];
+                    const float v114 = v113;
+                    p_weight_grad[v107 * st_weight_grad_0 + i108 * st_weight_grad_1] = opgen_f32_to_bf16(v114);
                 }
             }
         }

@@ -97,13 +97,13 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     char *wp = ws;
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
@@ -142,83 +142,107 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i30 = v1; i30 < v28; i30++) {
                 const int64_t v31 = v25 + i30;
-                #pragma omp simd
-                for (int64_t i32 = v1; i32 < d_H; i32++) {
-                    const float v33 = opgen_f16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
-                    l29[i30 * d_H + i32] = v33;
-                }
-            }
-            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            opgen_zero(l34, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_spack(d_H, v28, l29, 1, d_H, l35);
-            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_spack(v28, d_H, l29, d_H, 1, l36);
-            for (int64_t i37 = v1; i37 < v16; i37++) {
-                const int64_t v38 = i37 * v9;
-                const int64_t v39 = v38 + v9;
-                const int64_t v40 = ((v39 < d_BT || v39 != v39) ? v39 : d_BT);
-                const int64_t v41 = v40 - v38;
-                float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i43 = v1; i43 < v41; i43++) {
-                    const int64_t v44 = v38 + i43;
-                    #pragma omp simd
-                    for (int64_t i45 = v1; i45 < d_H; i45++) {
-                        const float v46 = opgen_f16_to_f32(p_input[v44 * st_input_0 + i45 * st_input_1]);
-                        l42[i43 * d_H + i45] = v46;
-                    }
-                }
-                float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l35, l47, 256ll, 0);
-                float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i49 = v1; i49 < v41; i49++) {
-                    const int64_t v50 = v38 + i49;
-                    const float v51 = p_logits_max[v50 * st_logits_max_0];
-                    const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
-                    const int64_t v53 = p_target[v50];
-                    const bool v54 = (p_no_target[v50 * st_no_target_0] != 0);
-                    const bool v55 = !v54;
-                    const float v56 = p_grad[v50 * st_grad_0];
-                    #pragma omp simd
-                    for (int64_t i57 = v1; i57 < v28; i57++) {
-                        const int64_t v58 = v25 + i57;
-                        const float v59 = l47[i49 * 256ll + i57];
-                        const float v60 = v59;
-                        const float v61 = v60 - v51;
-                        const float v62 = opgen_expf(v61);
-                        const float v63 = v62 / v52;
-                        const bool v64 = v58 == v53;
-                        const bool v65 = v64 && v55;
-                        const float v66 = v65 ? v17 : v18;
-                        const float v67 = v63 - v66;
-                        const float v68 = v67 * v56;
-                        l48[i49 * 256ll + i57] = v68;
-                    }
-                }
-                const int64_t v69 = v23 + v38;
-                opgen_sgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, l36, t15 + v69 * d_H, d_H, 1);
-                opgen_sgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
-            }
-            for (int64_t i70 = v1; i70 < v28; i70++) {
-                const int64_t v71 = v25 + i70;
                 {
-                    int64_t r73 = v1;
-                    for (; r73 + 32 <= d_H; r73 += 32) {
-                        _Alignas(64) float stg74[32];
+                    int64_t r33 = v1;
+                    for (; r33 + 32 <= d_H; r33 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v31 * st_weight_0 + r33 * st_weight_1, 2048);
                         #pragma omp simd
                         for (int l = 0; l < 32; l++) {
-                            const int64_t i72 = r73 + l; (void)i72;
-                            const float v75 = l34[i70 * d_H + i72];
-                            const float v76 = v75;
-                            stg74[l] = v76;
+                            const int64_t i32 = r33 + l; (void)i32;
+                            const float v34 = opgen_f16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
+                            l29[i30 * d_H + i32] = v34;
                         }
-                        opgen_f16_store_strip(&p_weight_grad[v71 * st_weight_grad_0 + r73 * st_weight_grad_1], st_weight_grad_1, stg74, 32, nt_p_weight_grad);
                     }
                     #pragma omp simd
-                    for (int64_t i72 = r73; i72 < d_H; i72++) {
-                        const float v77 = l34[i70 * d_H + i72];
-                        const float v78 = v77;
-                        p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_f16(v78);
+                    for (int64_t i32 = r33; i32 < d_H; i32++) {
+                        const float v35 = opgen_f16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
+                        l29[i30 * d_H + i32] = v35;
+                    }
+                }
+            }
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            opgen_zero(l36, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v28, l29, 1, d_H, l37);
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v28, d_H, l29, d_H, 1, l38);
+            for (int64_t i39 = v1; i39 < v16; i39++) {
+                const int64_t v40 = i39 * v9;
+                const int64_t v41 = v40 + v9;
+                const int64_t v42 = ((v41 < d_BT || v41 != v41) ? v41 : d_BT);
+                const int64_t v43 = v42 - v40;
+                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i45 = v1; i45 < v43; i45++) {
+                    const int64_t v46 = v40 + i45;
+                    {
+                        int64_t r48 = v1;
+                        for (; r48 + 32 <= d_H; r48 += 32) {
+                            OPGEN_PREFETCH_L2(p_input, v46 * st_input_0 + r48 * st_input_1, 2048);
+                            #pragma omp simd
+                            for (int l = 0; l < 32; l++) {
+                                const int64_t i47 = r48 + l; (void)i47;
+                                const float v49 = opgen_f16_to_f32(p_input[v46 * st_input_0 + i47 * st_input_1]);
+                                l44[i45 * d_H + i47] = v49;
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t i47 = r48; i47 < d_H; i47++) {
+                            const float v50 = opgen_f16_to_f32(p_input[v46 * st_input_0 + i47 * st_input_1]);
+                            l44[i45 * d_H + i47] = v50;
+                        }
+                    }
+                }
+                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm_pb(v43, v28, d_H, l44, d_H, 1, l29, 1, d_H, l37, l51, 256ll, 0);
+                float *restrict l52 = l52_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i53 = v1; i53 < v43; i53++) {
+                    const int64_t v54 = v40 + i53;
+                    const float v55 = p_logits_max[v54 * st_logits_max_0];
+                    const float v56 = p_sum_exp_logits[v54 * st_sum_exp_logits_0];
+                    const int64_t v57 = p_target[v54];
+                    const bool v58 = (p_no_target[v54 * st_no_target_0] != 0);
+                    const bool v59 = !v58;
+                    const float v60 = p_grad[v54 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i61 = v1; i61 < v28; i61++) {
+                        const int64_t v62 = v25 + i61;
+                        const float v63 = l51[i53 * 256ll + i61];
+                        const float v64 = v63;
+                        const float v65 = v64 - v55;
+                        const float v66 = opgen_expf(v65);
+                        const float v67 = v66 / v56;
+                        const bool v68 = v62 == v57;
+                        const bool v69 = v68 && v59;
+                        const float v70 = v69 ? v17 : v18;
+                        const float v71 = v67 - v70;
+                        const float v72 = v71 * v60;
+                        l52[i53 * 256ll + i61] = v72;
+                    }
+                }
+                const int64_t v73 = v23 + v40;
+                opgen_sgemm_pb(v43, d_H, v28, l52, 256ll, 1, l29, d_H, 1, l38, t15 + v73 * d_H, d_H, 1);
+                opgen_sgemm(v28, d_H, v43, l52, 1, 256ll, l44, d_H, 1, l36, d_H, 1);
+            }
+            for (int64_t i74 = v1; i74 < v28; i74++) {
+                const int64_t v75 = v25 + i74;
+                {
+                    int64_t r77 = v1;
+                    for (; r77 + 32 <= d_H; r77 += 32) {
+                        _Alignas(64) float stg78[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i76 = r77 + l; (void)i76;
+                            const float v79 = l36[i74 * d_H + i76];
+                            const float v80 = v79;
+                            stg78[l] = v80;
+                        }
+                        opgen_f16_store_strip(&p_weight_grad[v75 * st_weight_grad_0 + r77 * st_weight_grad_1], st_weight_grad_1, stg78, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i76 = r77; i76 < d_H; i76++) {
+                        const float v81 = l36[i74 * d_H + i76];
+                        const float v82 = v81;
+                        p_weight_grad[v75 * st_weight_grad_0 + i76 * st_weight_grad_1] = opgen_f32_to_f16(v82);
                     }
                 }
             }
@@ -229,45 +253,45 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i79 = v1; i79 < v16; i79++) {
-        const int64_t v80 = i79 * v9;
-        const int64_t v81 = v80 + v9;
-        const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
-        const int64_t v83 = v82 - v80;
-        float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l84, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i85 = v1; i85 < v14; i85++) {
-            const int64_t v86 = i85 * d_BT;
-            const int64_t v87 = v86 + v80;
-            for (int64_t i88 = v1; i88 < v83; i88++) {
-                const int64_t v89 = v87 + i88;
+    for (int64_t i83 = v1; i83 < v16; i83++) {
+        const int64_t v84 = i83 * v9;
+        const int64_t v85 = v84 + v9;
+        const int64_t v86 = ((v85 < d_BT || v85 != v85) ? v85 : d_BT);
+        const int64_t v87 = v86 - v84;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l88, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v1; i89 < v14; i89++) {
+            const int64_t v90 = i89 * d_BT;
+            const int64_t v91 = v90 + v84;
+            for (int64_t i92 = v1; i92 < v87; i92++) {
+                const int64_t v93 = v91 + i92;
                 #pragma omp simd
-                for (int64_t i90 = v1; i90 < d_H; i90++) {
-                    const float v91 = t15[v89 * d_H + i90];
-                    l84[i88 * d_H + i90] += v91;
+                for (int64_t i94 = v1; i94 < d_H; i94++) {
+                    const float v95 = t15[v93 * d_H + i94];
+                    l88[i92 * d_H + i94] += v95;
                 }
             }
         }
-        for (int64_t i92 = v1; i92 < v83; i92++) {
-            const int64_t v93 = v80 + i92;
+        for (int64_t i96 = v1; i96 < v87; i96++) {
+            const int64_t v97 = v84 + i96;
             {
-                int64_t r95 = v1;
-                for (; r95 + 32 <= d_H; r95 += 32) {
-                    _Alignas(64) float stg96[32];
+                int64_t r99 = v1;
+                for (; r99 + 32 <= d_H; r99 += 32) {
+                    _Alignas(64) float stg100[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i94 = r95 + l; (void)i94;
-                        const float v97 = l84[i92 * d_H + i94];
-                        const float v98 = v97;
-                        stg96[l] = v98;
+                        const int64_t i98 = r99 + l; (void)i98;
+                        const float v101 = l88[i96 * d_H + i98];
+                        const float v102 = v101;
+                        stg100[l] = v102;
                     }
-                    opgen_f16_store_strip(&p_input_grad[v93 * st_input_grad_0 + r95 * st_input_grad_1], st_input_grad_1, stg96, 32, nt_p_input_grad);
+                    opgen_f16_store_strip(&p_input_grad[v97 * st_input_grad_0 + r99 * st_input_grad_1], st_input_grad_1, stg100, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i94 = r95; i94 < d_H; i94++) {
-                    const float v99 = l84[i92 * d_H + i94];
-                    const float v100 = v99;
-                    p_input_grad[v93 * st_input_grad_0 + i94 * st_input_grad_1] = opgen_f32_to_f16(v100);
+                for (int64_t i98 = r99; i98 < d_H; i98++) {
+                    const float v103 = l88[i96 * d_H + i98];
+                    const float v104 = v103;
+                    p_input_grad[v97 * st_input_grad_0 + i98 * st_input_grad_1] = opgen_f32_to_f16(v104);
                 }
             }
         }
@@ -369,13 +393,13 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     char *wp = ws;
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
@@ -414,83 +438,107 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i30 = v1; i30 < v28; i30++) {
                 const int64_t v31 = v25 + i30;
-                #pragma omp simd
-                for (int64_t i32 = v1; i32 < d_H; i32++) {
-                    const float v33 = opgen_bf16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
-                    l29[i30 * d_H + i32] = v33;
-                }
-            }
-            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            opgen_zero(l34, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_bpack(d_H, v28, l29, 1, d_H, (uint16_t *)l35);
-            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_bpack(v28, d_H, l29, d_H, 1, (uint16_t *)l36);
-            for (int64_t i37 = v1; i37 < v16; i37++) {
-                const int64_t v38 = i37 * v9;
-                const int64_t v39 = v38 + v9;
-                const int64_t v40 = ((v39 < d_BT || v39 != v39) ? v39 : d_BT);
-                const int64_t v41 = v40 - v38;
-                float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i43 = v1; i43 < v41; i43++) {
-                    const int64_t v44 = v38 + i43;
-                    #pragma omp simd
-                    for (int64_t i45 = v1; i45 < d_H; i45++) {
-                        const float v46 = opgen_bf16_to_f32(p_input[v44 * st_input_0 + i45 * st_input_1]);
-                        l42[i43 * d_H + i45] = v46;
-                    }
-                }
-                float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, (uint16_t *)l35, l47, 256ll, 0);
-                float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i49 = v1; i49 < v41; i49++) {
-                    const int64_t v50 = v38 + i49;
-                    const float v51 = p_logits_max[v50 * st_logits_max_0];
-                    const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
-                    const int64_t v53 = p_target[v50];
-                    const bool v54 = (p_no_target[v50 * st_no_target_0] != 0);
-                    const bool v55 = !v54;
-                    const float v56 = p_grad[v50 * st_grad_0];
-                    #pragma omp simd
-                    for (int64_t i57 = v1; i57 < v28; i57++) {
-                        const int64_t v58 = v25 + i57;
-                        const float v59 = l47[i49 * 256ll + i57];
-                        const float v60 = v59;
-                        const float v61 = v60 - v51;
-                        const float v62 = opgen_expf(v61);
-                        const float v63 = v62 / v52;
-                        const bool v64 = v58 == v53;
-                        const bool v65 = v64 && v55;
-                        const float v66 = v65 ? v17 : v18;
-                        const float v67 = v63 - v66;
-                        const float v68 = v67 * v56;
-                        l48[i49 * 256ll + i57] = v68;
-                    }
-                }
-                const int64_t v69 = v23 + v38;
-                opgen_bgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, (uint16_t *)l36, t15 + v69 * d_H, d_H, 1);
-                opgen_bgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
-            }
-            for (int64_t i70 = v1; i70 < v28; i70++) {
-                const int64_t v71 = v25 + i70;
                 {
-                    int64_t r73 = v1;
-                    for (; r73 + 32 <= d_H; r73 += 32) {
-                        _Alignas(64) float stg74[32];
+                    int64_t r33 = v1;
+                    for (; r33 + 32 <= d_H; r33 += 32) {
+                        OPGEN_PREFETCH_L2(p_weight, v31 * st_weight_0 + r33 * st_weight_1, 2048);
                         #pragma omp simd
                         for (int l = 0; l < 32; l++) {
-                            const int64_t i72 = r73 + l; (void)i72;
-                            const float v75 = l34[i70 * d_H + i72];
-                            const float v76 = v75;
-                            stg74[l] = v76;
+                            const int64_t i32 = r33 + l; (void)i32;
+                            const float v34 = opgen_bf16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
+                            l29[i30 * d_H + i32] = v34;
                         }
-                        opgen_bf16_store_strip(&p_weight_grad[v71 * st_weight_grad_0 + r73 * st_weight_grad_1], st_weight_grad_1, stg74, 32, nt_p_weight_grad);
                     }
                     #pragma omp simd
-                    for (int64_t i72 = r73; i72 < d_H; i72++) {
-                        const float v77 = l34[i70 * d_H + i72];
-                        const float v78 = v77;
-                        p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_bf16(v78);
+                    for (int64_t i32 = r33; i32 < d_H; i32++) {
+                        const float v35 = opgen_bf16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
+                        l29[i30 * d_H + i32] = v35;
+                    }
+                }
+            }
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            opgen_zero(l36, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v28, l29, 1, d_H, (uint16_t *)l37);
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v28, d_H, l29, d_H, 1, (uint16_t *)l38);
+            for (int64_t i39 = v1; i39 < v16; i39++) {
+                const int64_t v40 = i39 * v9;
+                const int64_t v41 = v40 + v9;
+                const int64_t v42 = ((v41 < d_BT || v41 != v41) ? v41 : d_BT);
+                const int64_t v43 = v42 - v40;
+                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i45 = v1; i45 < v43; i45++) {
+                    const int64_t v46 = v40 + i45;
+                    {
+                        int64_t r48 = v1;
+                        for (; r48 + 32 <= d_H; r48 += 32) {
+                            OPGEN_PREFETCH_L2(p_input, v46 * st_input_0 + r48 * st_input_1, 2048);
+                            #pragma omp simd
+                            for (int l = 0; l < 32; l++) {
+                                const int64_t i47 = r48 + l; (void)i47;
+                                const float v49 = opgen_bf16_to_f32(p_input[v46 * st_input_0 + i47 * st_input_1]);
+                                l44[i45 * d_H + i47] = v49;
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t i47 = r48; i47 < d_H; i47++) {
+                            const float v50 = opgen_bf16_to_f32(p_input[v46 * st_input_0 + i47 * st_input_1]);
+                            l44[i45 * d_H + i47] = v50;
+                        }
+                    }
+                }
+                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm_pb(v43, v28, d_H, l44, d_H, 1, l29, 1, d_H, (uint16_t *)l37, l51, 256ll, 0);
+                float *restrict l52 = l52_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i53 = v1; i53 < v43; i53++) {
+                    const int64_t v54 = v40 + i53;
+                    const float v55 = p_logits_max[v54 * st_logits_max_0];
+                    const float v56 = p_sum_exp_logits[v54 * st_sum_exp_logits_0];
+                    const int64_t v57 = p_target[v54];
+                    const bool v58 = (p_no_target[v54 * st_no_target_0] != 0);
+                    const bool v59 = !v58;
+                    const float v60 = p_grad[v54 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i61 = v1; i61 < v28; i61++) {
+                        const int64_t v62 = v25 + i61;
+                        const float v63 = l51[i53 * 256ll + i61];
+                        const float v64 = v63;
+                        const float v65 = v64 - v55;
+                        const float v66 = opgen_expf(v65);
+                        const float v67 = v66 / v56;
+                        const bool v68 = v62 == v57;
+                        const bool v69 = v68 && v59;
+                        const float v70 = v69 ? v17 : v18;
+                        const float v71 = v67 - v70;
+                        const float v72 = v71 * v60;
+                        l52[i53 * 256ll + i61] = v72;
+                    }
+                }
+                const int64_t v73 = v23 + v40;
+                opgen_bgemm_pb(v43, d_H, v28, l52, 256ll, 1, l29, d_H, 1, (uint16_t *)l38, t15 + v73 * d_H, d_H, 1);
+                opgen_bgemm(v28, d_H, v43, l52, 1, 256ll, l44, d_H, 1, l36, d_H, 1);
+            }
+            for (int64_t i74 = v1; i74 < v28; i74++) {
+                const int64_t v75 = v25 + i74;
+                {
+                    int64_t r77 = v1;
+                    for (; r77 + 32 <= d_H; r77 += 32) {
+                        _Alignas(64) float stg78[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i76 = r77 + l; (void)i76;
+                            const float v79 = l36[i74 * d_H + i76];
+                            const float v80 = v79;
+                            stg78[l] = v80;
+                        }
+                        opgen_bf16_store_strip(&p_weight_grad[v75 * st_weight_grad_0 + r77 * st_weight_grad_1], st_weight_grad_1, stg78, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i76 = r77; i76 < d_H; i76++) {
+                        const float v81 = l36[i74 * d_H + i76];
+                        const float v82 = v81;
+                        p_weight_grad[v75 * st_weight_grad_0 + i76 * st_weight_grad_1] = opgen_f32_to_bf16(v82);
                     }
                 }
             }
@@ -501,45 +549,45 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i79 = v1; i79 < v16; i79++) {
-        const int64_t v80 = i79 * v9;
-        const int64_t v81 = v80 + v9;
-        const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
-        const int64_t v83 = v82 - v80;
-        float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l84, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i85 = v1; i85 < v14; i85++) {
-            const int64_t v86 = i85 * d_BT;
-            const int64_t v87 = v86 + v80;
-            for (int64_t i88 = v1; i88 < v83; i88++) {
-                const int64_t v89 = v87 + i88;
+    for (int64_t i83 = v1; i83 < v16; i83++) {
+        const int64_t v84 = i83 * v9;
+        const int64_t v85 = v84 + v9;
+        const int64_t v86 = ((v85 < d_BT || v85 != v85) ? v85 : d_BT);
+        const int64_t v87 = v86 - v84;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l88, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v1; i89 < v14; i89++) {
+            const int64_t v90 = i89 * d_BT;
+            const int64_t v91 = v90 + v84;
+            for (int64_t i92 = v1; i92 < v87; i92++) {
+                const int64_t v93 = v91 + i92;
                 #pragma omp simd
-                for (int64_t i90 = v1; i90 < d_H; i90++) {
-                    const float v91 = t15[v89 * d_H + i90];
-                    l84[i88 * d_H + i90] += v91;
+                for (int64_t i94 = v1; i94 < d_H; i94++) {
+                    const float v95 = t15[v93 * d_H + i94];
+                    l88[i92 * d_H + i94] += v95;
                 }
             }
         }
-        for (int64_t i92 = v1; i92 < v83; i92++) {
-            const int64_t v93 = v80 + i92;
+        for (int64_t i96 = v1; i96 < v87; i96++) {
+            const int64_t v97 = v84 + i96;
             {
-                int64_t r95 = v1;
-                for (; r95 + 32 <= d_H; r95 += 32) {
-                    _Alignas(64) float stg96[32];
+                int64_t r99 = v1;
+                for (; r99 + 32 <= d_H; r99 += 32) {
+                    _Alignas(64) float stg100[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i94 = r95 + l; (void)i94;
-                        const float v97 = l84[i92 * d_H + i94];
-                        const float v98 = v97;
-                        stg96[l] = v98;
+                        const int64_t i98 = r99 + l; (void)i98;
+                        const float v101 = l88[i96 * d_H + i98];
+                        const float v102 = v101;
+                        stg100[l] = v102;
                     }
-                    opgen_bf16_store_strip(&p_input_grad[v93 * st_input_grad_0 + r95 * st_input_grad_1], st_input_grad_1, stg96, 32, nt_p_input_grad);
+                    opgen_bf16_store_strip(&p_input_grad[v97 * st_input_grad_0 + r99 * st_input_grad_1], st_input_grad_1, stg100, 32, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i94 = r95; i94 < d_H; i94++) {
-                    const float v99 = l84[i92 * d_H + i94];
-                    const float v100 = v99;
-                    p_input_grad[v93 * st_input_grad_0 + i94 * st_input_grad_1] = opgen_f32_to_bf16(v100);
+                for (int64_t i98 = r99; i98 < d_H; i98++) {
+                    const float v103 = l88[i96 * d_H + i98];
+                    const float v104 = v103;
+                    p_input_grad[v97 * st_input_grad_0 + i98 * st_input_grad_1] = opgen_f32_to_bf16(v104);
                 }
             }
         }
@@ -641,13 +689,13 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     char *wp = ws;
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(float))); (void)nt_p_weight_grad;
     const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(float))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
@@ -686,83 +734,107 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i30 = v1; i30 < v28; i30++) {
                 const int64_t v31 = v25 + i30;
-                #pragma omp simd
-                for (int64_t i32 = v1; i32 < d_H; i32++) {
-                    const float v33 = p_weight[v31 * st_weight_0 + i32 * st_weight_1];
-                    l29[i30 * d_H + i32] = v33;
-                }
-            }
-            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            opgen_zero(l34, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_spack(d_H, v28, l29, 1, d_H, l35);
-            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_spack(v28, d_H, l29, d_H, 1, l36);
-            for (int64_t i37 = v1; i37 < v16; i37++) {
-                const int64_t v38 = i37 * v9;
-                const int64_t v39 = v38 + v9;
-                const int64_t v40 = ((v39 < d_BT || v39 != v39) ? v39 : d_BT);
-                const int64_t v41 = v40 - v38;
-                float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i43 = v1; i43 < v41; i43++) {
-                    const int64_t v44 = v38 + i43;
-                    #pragma omp simd
-                    for (int64_t i45 = v1; i45 < d_H; i45++) {
-                        const float v46 = p_input[v44 * st_input_0 + i45 * st_input_1];
-                        l42[i43 * d_H + i45] = v46;
-                    }
-                }
-                float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l35, l47, 256ll, 0);
-                float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i49 = v1; i49 < v41; i49++) {
-                    const int64_t v50 = v38 + i49;
-                    const float v51 = p_logits_max[v50 * st_logits_max_0];
-                    const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
-                    const int64_t v53 = p_target[v50];
-                    const bool v54 = (p_no_target[v50 * st_no_target_0] != 0);
-                    const bool v55 = !v54;
-                    const float v56 = p_grad[v50 * st_grad_0];
-                    #pragma omp simd
-                    for (int64_t i57 = v1; i57 < v28; i57++) {
-                        const int64_t v58 = v25 + i57;
-                        const float v59 = l47[i49 * 256ll + i57];
-                        const float v60 = v59;
-                        const float v61 = v60 - v51;
-                        const float v62 = opgen_expf(v61);
-                        const float v63 = v62 / v52;
-                        const bool v64 = v58 == v53;
-                        const bool v65 = v64 && v55;
-                        const float v66 = v65 ? v17 : v18;
-                        const float v67 = v63 - v66;
-                        const float v68 = v67 * v56;
-                        l48[i49 * 256ll + i57] = v68;
-                    }
-                }
-                const int64_t v69 = v23 + v38;
-                opgen_sgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, l36, t15 + v69 * d_H, d_H, 1);
-                opgen_sgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
-            }
-            for (int64_t i70 = v1; i70 < v28; i70++) {
-                const int64_t v71 = v25 + i70;
                 {
-                    int64_t r73 = v1;
-                    for (; r73 + 16 <= d_H; r73 += 16) {
-                        _Alignas(64) float stg74[16];
+                    int64_t r33 = v1;
+                    for (; r33 + 16 <= d_H; r33 += 16) {
+                        OPGEN_PREFETCH_L2(p_weight, v31 * st_weight_0 + r33 * st_weight_1, 2048);
                         #pragma omp simd
                         for (int l = 0; l < 16; l++) {
-                            const int64_t i72 = r73 + l; (void)i72;
-                            const float v75 = l34[i70 * d_H + i72];
-                            const float v76 = v75;
-                            stg74[l] = v76;
+                            const int64_t i32 = r33 + l; (void)i32;
+                            const float v34 = p_weight[v31 * st_weight_0 + i32 * st_weight_1];
+                            l29[i30 * d_H + i32] = v34;
                         }
-                        opgen_f32_store_strip(&p_weight_grad[v71 * st_weight_grad_0 + r73 * st_weight_grad_1], st_weight_grad_1, stg74, 16, nt_p_weight_grad);
                     }
                     #pragma omp simd
-                    for (int64_t i72 = r73; i72 < d_H; i72++) {
-                        const float v77 = l34[i70 * d_H + i72];
-                        const float v78 = v77;
-                        p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = v78;
+                    for (int64_t i32 = r33; i32 < d_H; i32++) {
+                        const float v35 = p_weight[v31 * st_weight_0 + i32 * st_weight_1];
+                        l29[i30 * d_H + i32] = v35;
+                    }
+                }
+            }
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            opgen_zero(l36, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v28, l29, 1, d_H, l37);
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v28, d_H, l29, d_H, 1, l38);
+            for (int64_t i39 = v1; i39 < v16; i39++) {
+                const int64_t v40 = i39 * v9;
+                const int64_t v41 = v40 + v9;
+                const int64_t v42 = ((v41 < d_BT || v41 != v41) ? v41 : d_BT);
+                const int64_t v43 = v42 - v40;
+                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i45 = v1; i45 < v43; i45++) {
+                    const int64_t v46 = v40 + i45;
+                    {
+                        int64_t r48 = v1;
+                        for (; r48 + 16 <= d_H; r48 += 16) {
+                            OPGEN_PREFETCH_L2(p_input, v46 * st_input_0 + r48 * st_input_1, 2048);
+                            #pragma omp simd
+                            for (int l = 0; l < 16; l++) {
+                                const int64_t i47 = r48 + l; (void)i47;
+                                const float v49 = p_input[v46 * st_input_0 + i47 * st_input_1];
+                                l44[i45 * d_H + i47] = v49;
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t i47 = r48; i47 < d_H; i47++) {
+                            const float v50 = p_input[v46 * st_input_0 + i47 * st_input_1];
+                            l44[i45 * d_H + i47] = v50;
+                        }
+                    }
+                }
+                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm_pb(v43, v28, d_H, l44, d_H, 1, l29, 1, d_H, l37, l51, 256ll, 0);
+                float *restrict l52 = l52_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i53 = v1; i53 < v43; i53++) {
+                    const int64_t v54 = v40 + i53;
+                    const float v55 = p_logits_max[v54 * st_logits_max_0];
+                    const float v56 = p_sum_exp_logits[v54 * st_sum_exp_logits_0];
+                    const int64_t v57 = p_target[v54];
+                    const bool v58 = (p_no_target[v54 * st_no_target_0] != 0);
+                    const bool v59 = !v58;
+                    const float v60 = p_grad[v54 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i61 = v1; i61 < v28; i61++) {
+                        const int64_t v62 = v25 + i61;
+                        const float v63 = l51[i53 * 256ll + i61];
+                        const float v64 = v63;
+                        const float v65 = v64 - v55;
+                        const float v66 = opgen_expf(v65);
+                        const float v67 = v66 / v56;
+                        const bool v68 = v62 == v57;
+                        const bool v69 = v68 && v59;
+                        const float v70 = v69 ? v17 : v18;
+                        const float v71 = v67 - v70;
+                        const float v72 = v71 * v60;
+                        l52[i53 * 256ll + i61] = v72;
+                    }
+                }
+                const int64_t v73 = v23 + v40;
+                opgen_sgemm_pb(v43, d_H, v28, l52, 256ll, 1, l29, d_H, 1, l38, t15 + v73 * d_H, d_H, 1);
+                opgen_sgemm(v28, d_H, v43, l52, 1, 256ll, l44, d_H, 1, l36, d_H, 1);
+            }
+            for (int64_t i74 = v1; i74 < v28; i74++) {
+                const int64_t v75 = v25 + i74;
+                {
+                    int64_t r77 = v1;
+                    for (; r77 + 16 <= d_H; r77 += 16) {
+                        _Alignas(64) float stg78[16];
+                        #pragma omp simd
+                        for (int l = 0; l < 16; l++) {
+                            const int64_t i76 = r77 + l; (void)i76;
+                            const float v79 = l36[i74 * d_H + i76];
+                            const float v80 = v79;
+                            stg78[l] = v80;
+                        }
+                        opgen_f32_store_strip(&p_weight_grad[v75 * st_weight_grad_0 + r77 * st_weight_grad_1], st_weight_grad_1, stg78, 16, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i76 = r77; i76 < d_H; i76++) {
+                        const float v81 = l36[i74 * d_H + i76];
+                        const float v82 = v81;
+                        p_weight_grad[v75 * st_weight_grad_0 + i76 * st_weight_grad_1] = v82;
                     }
                 }
             }
@@ -773,45 +845,45 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     #pragma omp parallel num_threads(opgen_team())
     {
     #pragma omp for schedule(static) nowait
-    for (int64_t i79 = v1; i79 < v16; i79++) {
-        const int64_t v80 = i79 * v9;
-        const int64_t v81 = v80 + v9;
-        const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
-        const int64_t v83 = v82 - v80;
-        float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        opgen_zero(l84, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i85 = v1; i85 < v14; i85++) {
-            const int64_t v86 = i85 * d_BT;
-            const int64_t v87 = v86 + v80;
-            for (int64_t i88 = v1; i88 < v83; i88++) {
-                const int64_t v89 = v87 + i88;
+    for (int64_t i83 = v1; i83 < v16; i83++) {
+        const int64_t v84 = i83 * v9;
+        const int64_t v85 = v84 + v9;
+        const int64_t v86 = ((v85 < d_BT || v85 != v85) ? v85 : d_BT);
+        const int64_t v87 = v86 - v84;
+        float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        opgen_zero(l88, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i89 = v1; i89 < v14; i89++) {
+            const int64_t v90 = i89 * d_BT;
+            const int64_t v91 = v90 + v84;
+            for (int64_t i92 = v1; i92 < v87; i92++) {
+                const int64_t v93 = v91 + i92;
                 #pragma omp simd
-                for (int64_t i90 = v1; i90 < d_H; i90++) {
-                    const float v91 = t15[v89 * d_H + i90];
-                    l84[i88 * d_H + i90] += v91;
+                for (int64_t i94 = v1; i94 < d_H; i94++) {
+                    const float v95 = t15[v93 * d_H + i94];
+                    l88[i92 * d_H + i94] += v95;
                 }
             }
         }
-        for (int64_t i92 = v1; i92 < v83; i92++) {
-            const int64_t v93 = v80 + i92;
+        for (int64_t i96 = v1; i96 < v87; i96++) {
+            const int64_t v97 = v84 + i96;
             {
-                int64_t r95 = v1;
-                for (; r95 + 16 <= d_H; r95 += 16) {
-                    _Alignas(64) float stg96[16];
+                int64_t r99 = v1;
+                for (; r99 + 16 <= d_H; r99 += 16) {
+                    _Alignas(64) float stg100[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i94 = r95 + l; (void)i94;
-                        const float v97 = l84[i92 * d_H + i94];
-                        const float v98 = v97;
-                        stg96[l] = v98;
+                        const int64_t i98 = r99 + l; (void)i98;
+                        const float v101 = l88[i96 * d_H + i98];
+                        const float v102 = v101;
+                        stg100[l] = v102;
                     }
-                    opgen_f32_store_strip(&p_input_grad[v93 * st_input_grad_0 + r95 * st_input_grad_1], st_input_grad_1, stg96, 16, nt_p_input_grad);
+                    opgen_f32_store_strip(&p_input_grad[v97 * st_input_grad_0 + r99 * st_input_grad_1], st_input_grad_1, stg100, 16, nt_p_input_grad);
                 }
                 #pragma omp simd
-                for (int64_t i94 = r95; i94 < d_H; i94++) {
-                    const float v99 = l84[i92 * d_H + i94];
-                    const float v100 = v99;
-                    p_input_grad[v93 * st_input_grad_0 + i94 * st_input_grad_1] = v100;
+                for (int64_t i98 = r99; i98 < d_H; i98++) {
+                    const float v103 = l88[i96 * d_H + i98];
+                    const float v104 = v103;
+                    p_input_grad[v97 * st_input_grad_0 + i98 * st_input_grad_1] = v104;
                 }
             }
         }

@@ -168,6 +168,10 @@ int opgen_bf16_units(void);
  * a prefetch reads nothing and never faults. */
 #define OPGEN_PREFETCH(p, off, ahead) \
     __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)))
+/* the same, into the second-level cache only (prefetcht2 on x86): sched.prefetch l2, the streams of
+ * a pass that writes no row of a caller's tensor */
+#define OPGEN_PREFETCH_L2(p, off, ahead) \
+    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)), 0, 1)
 /* the same, for bytes about to be written: the line fetched for ownership (prefetchw) */
 #define OPGEN_PREFETCH_W(p, off, ahead) \
     __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)), 1)

@@ -469,7 +469,8 @@ class CPrinter:
         elif isinstance(op, s.TransposeTileOp):
             self.transpose_tile(op)
         elif isinstance(op, s.PrefetchOp):
-            macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
+            macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH_L2" if op.l2 is not None \
+                else "OPGEN_PREFETCH"
             guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
             idx = list(op.idx)
             if op.span is not None:

@@ -16,7 +16,9 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
 * ``stream``: such a loop that also streams rows of caller
   tensors (a load indexed by enclosing loops' counters only, this loop's last) which no earlier
   loop of the same body has read. It runs in strips of one cache line (:func:`strip`), and each
-  strip starts with a ``sched.prefetch`` ``PREFETCH_AHEAD`` bytes ahead in every such row. Compute-heavy
+  strip starts with a ``sched.prefetch`` ``PREFETCH_AHEAD`` bytes ahead in every such row (into
+  L2 only, ``l2``, where the loop writes no caller tensor: :func:`reads_only`; there jam-rows'
+  pairs of rows, indexed by expressions of the counters, are streamed too). Compute-heavy
   loops (``exp``, a division) otherwise keep too few cache misses in flight to overlap their
   arithmetic with memory (SiLU backward, 8192x4096 f32, 2 threads: 20.1 -> 13.4 ms in a C
   harness; docs/backend_cpu.md). A row a sibling loop has just read is in cache already, and
@@ -256,10 +258,17 @@ def at_counter(v: SSAValue, loop: s.ForOp, at: SSAValue, before: Operation,
     return memo[v]
 
 
+def reads_only(op: s.ForOp) -> bool:
+    """Whether ``op`` writes nothing of a caller's tensors (only its own scratch: accumulators)."""
+    return all(s.buf_type(b).role.data in ("local", "temp") for b in s.effects(op)[1])
+
+
 def streams(op: s.ForOp, read_before: set[SSAValue]) -> list[s.LoadOp]:
     """The loads a ``stream`` loop prefetches ahead in their own row: rows of caller tensors
-    (:func:`_row_loads`) that no earlier loop of the enclosing body (``read_before``) has read."""
-    return [ld for ld in _row_loads(op)
+    (:func:`_row_loads`; in a loop that :func:`reads_only`, also rows indexed by expressions of
+    counters, jam-rows' pairs) that no earlier loop of the enclosing body (``read_before``) has
+    read."""
+    return [ld for ld in _row_loads(op, exprs=reads_only(op))
             if ld.buf not in read_before and s.buf_type(ld.buf).role.data in ("in", "out")]
 
 
@@ -393,10 +402,12 @@ def _map(op: Operation, in_parallel: bool) -> None:
                         loads, nexts, shifted = hints
                         mark_stream(o)
                         first = o.body.block.first_op
+                        l2 = reads_only(o)
                         for ld in loads:
-                            o.body.block.insert_op_before(s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD), first)
+                            hint = s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD, l2=l2)
+                            o.body.block.insert_op_before(hint, first)
                         for ld, k in shifted:
-                            hint = s.PrefetchOp(ld.buf, [*ld.idx[:-1], o.iv], PREFETCH_AHEAD, shift=k)
+                            hint = s.PrefetchOp(ld.buf, [*ld.idx[:-1], o.iv], PREFETCH_AHEAD, shift=k, l2=l2)
                             o.body.block.insert_op_before(hint, first)
                         if nexts:
                             _prefetch_next_rows(o, op, nexts)

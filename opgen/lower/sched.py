@@ -518,7 +518,11 @@ class PrefetchOp(IRDLOperation):
     opgen/lower/gather_prefetch.py); without it, the one line ``ahead`` bytes past the element.
 
     ``shift`` (optional, an i64 count): the element is ``shift`` further along the last axis,
-    ``buf[..., idx[-1] + shift]`` (a row read at a column offset: map-cpu's ``stream`` loops)."""
+    ``buf[..., idx[-1] + shift]`` (a row read at a column offset: map-cpu's ``stream`` loops).
+
+    ``l2`` (optional): the line is brought into the core's second-level cache only (a pass that
+    reads rows and writes none: more lines in flight, its own loads then find them a level
+    below the first)."""
 
     name = "sched.prefetch"
     buf = operand_def(BufType)
@@ -527,16 +531,19 @@ class PrefetchOp(IRDLOperation):
     shift = opt_operand_def(EqAttrConstraint(INDEX))
     ahead = prop_def(IntAttr)
     write = opt_prop_def(UnitAttr)
+    l2 = opt_prop_def(UnitAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(MemoryReadEffect())
     assembly_format = ("$buf `[` $idx `]` (`span` $span^)? (`shift` $shift^)? `ahead` $ahead (`write` $write^)? "
-                       "attr-dict `:` type($buf)")
+                       "(`l2` $l2^)? attr-dict `:` type($buf)")
 
     def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, write: bool = False,
-                 span: SSAValue | None = None, shift: SSAValue | None = None):
+                 span: SSAValue | None = None, shift: SSAValue | None = None, l2: bool = False):
         props: dict[str, Attribute] = {"ahead": IntAttr(ahead)}
         if write:
             props["write"] = UnitAttr()
+        if l2:
+            props["l2"] = UnitAttr()
         super().__init__(operands=[buf, idx, [span] if span is not None else [], [shift] if shift is not None else []],
                          properties=props)
 
@@ -546,6 +553,8 @@ class PrefetchOp(IRDLOperation):
             raise VerifyException("sched.prefetch: ahead must be a number of bytes, 0 or more")
         if self.span is not None and self.shift is not None:
             raise VerifyException("sched.prefetch: a span starts at its element (no shift)")
+        if self.l2 is not None and self.write is not None:
+            raise VerifyException("sched.prefetch: a prefetch for writing fetches into the first-level cache (no l2)")
 
 
 @irdl_op_definition
