@@ -540,27 +540,9 @@ static inline uint16_t b16(float f) { return (uint16_t)_mm_cvtsi128_si32((__m128
 
 /* 16 x 16 32-bit words: d[j * dst + i] = s[i * src + j] */
 static inline void tr16(const uint32_t *s, int64_t src, uint32_t *d, int64_t dst) {
-    __m512i r[16], t[16];
+    __m512i r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(s + i * src);
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int h = 0; h < 2; h++)
-        for (int q = 0; q < 4; q++) {
-            t[8 * h + q] = _mm512_shuffle_i32x4(r[8 * h + q], r[8 * h + q + 4], 0x88);
-            t[8 * h + q + 4] = _mm512_shuffle_i32x4(r[8 * h + q], r[8 * h + q + 4], 0xdd);
-        }
-    for (int q = 0; q < 8; q++) {
-        r[q] = _mm512_shuffle_i32x4(t[q], t[q + 8], 0x88);
-        r[q + 8] = _mm512_shuffle_i32x4(t[q], t[q + 8], 0xdd);
-    }
+    opgen_tr16x16(r);
     for (int i = 0; i < 16; i++) _mm512_storeu_si512(d + i * dst, r[i]);
 }
 /* the f32 elements of p under mask m */

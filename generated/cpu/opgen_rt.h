@@ -617,15 +617,15 @@ static inline void opgen_f16_fill_strip(uint16_t *dst, int64_t st, float v, int 
     opgen_bits16_fill_strip(dst, st, opgen_f32_to_f16(v), n, nt);
 }
 /* tile-transposes' staged tiles (sched.transpose_tile): d[c * ld + r] = s[r * rs + c * cs], widened
- * to f32, for r < rows and c < cols (each at most 16): a tile of a caller's tensor read along its
+ * to f32, for r < rows and c < cols (in 16 x 16 blocks): a tile of a caller's tensor read along its
  * columns, staged so that the loop walking them reads rows. With AVX-512 a full 16 x 16 tile of unit
  * column stride moves in registers: 16 row loads (widened: bf16 by a shift, f16 by vcvtph2ps), four
  * rounds of 16 shuffles, 16 row stores. The loop reading a column of the tensor had one scalar load
  * a row apart per element instead (8192x4096 y = 2 x^T, 2 threads, outputs given: 48 -> 60% of the
  * copy's bandwidth in f32, 18 -> 34% in bf16, with tile-transposes' longer tiles). */
-#if defined(__AVX512F__)
-#define OPGEN_TR16 1
-static inline void opgen_tr16x16(__m512i r[16]) {
+#if defined(__AVX512F__) || (defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__))
+/* (also for opgen_rt.c's packing of GEMM operands, compiled for AVX-512 by a target pragma) */
+__attribute__((target("avx512f"))) static inline void opgen_tr16x16(__m512i r[16]) {
     __m512i t[16];
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
@@ -647,6 +647,9 @@ static inline void opgen_tr16x16(__m512i r[16]) {
         r[q + 8] = _mm512_shuffle_i32x4(t[q], t[q + 8], 0xdd);
     }
 }
+#endif
+#if defined(__AVX512F__)
+#define OPGEN_TR16 1
 #define OPGEN_TR16_ROW_f32(p) _mm512_castps_si512(_mm512_loadu_ps(p))
 #define OPGEN_TR16_ROW_bf16(p) _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16)
 #define OPGEN_TR16_ROW_f16(p) _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
