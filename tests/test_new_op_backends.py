@@ -1369,6 +1369,23 @@ def test_transposed_reads_walk_tiles(built):
     assert ld.buf is tt.dst and [(v.owner.lhs, v.owner.rhs) for v in ld.idx] == [(rows.iv, i0), (cols.iv, j0)]
 
 
+@pytest.mark.parametrize("name", ["transpose_scale", "token_sum"])
+def test_staged_tiles_and_l2_prefetches_print_and_parse_back(built, name):
+    """The CPU pipeline's IR with ``sched.transpose_tile`` (transpose_scale) and ``sched.prefetch
+    ... l2`` (token_sum) prints in their assembly formats and parses back to the same text."""
+    from xdsl.parser import Parser
+
+    from opgen.passes import pipeline
+
+    m = built["ops"][name].module()
+    pipeline.run(m, "cpu")
+    text = str(m)
+    assert ("sched.transpose_tile " if name == "transpose_scale" else " l2 ") in text
+    again = Parser(pipeline.context(), text).parse_module()
+    again.verify()
+    assert str(again) == text
+
+
 @pytest.mark.parametrize("shape", [(37, 70), (16, 16), (0, 3)])
 def test_unstaged_transposed_reads_in_square_tiles(built, rng, shape):
     """A transposed input of a dtype the runtime stages no tile of (f64) keeps its strided loads,
