@@ -11,7 +11,9 @@ many bytes as the row moves, timed alternately with the row's calls: a VM's memo
 drifts, within seconds on the Zen 5 machine; the median over the repetitions of each call against
 the copy timed right after it; each timed call and each timed copy right after an untimed one of
 itself, so neither pays for the other's dirty cache lines; the bandwidth of a 256 MiB copy at the
-start is printed too); the new ops' rows add their time with the data in cache, which shows the
+start is printed too, and that of a 256 MiB read, the fastest of PyTorch's ``sum`` and a read
+prefetching into L2 (benchmarks/stream_copy.c): the ceiling of a row that mostly reads, about 75%
+of the copy's on the Zen 5 VM); the new ops' rows add their time with the data in cache, which shows the
 rows that are compute-bound here. Products in f32 show the fraction of the f32 FMA peak, products
 in bf16 that of the bf16 dot-product peak (AVX512-BF16), both sides (benchmarks/fma_peak.c,
 measured in the same run). FLCE peak memory is measured in a fresh subprocess per contender
@@ -35,7 +37,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
-from timing import COPY_BYTES, alternate, best_of, copier, given_ms  # benchmarks/timing.py, beside
+from timing import COPY_BYTES, alternate, best_of, copier, given_ms, reader  # benchmarks/timing.py, beside
 
 from opgen import runtime
 
@@ -55,6 +57,12 @@ def copy_bandwidth() -> float:
     """GB/s of a copy of COPY_BYTES (bytes read + bytes written), best of 5 (timing.copier)."""
     copy = copier(COPY_BYTES)
     return 2 * COPY_BYTES / min(copy() for _ in range(5)) / 1e9
+
+
+def read_bandwidth() -> float:
+    """GB/s of a read of COPY_BYTES, best of 5 (timing.reader): the ceiling of a row that only reads."""
+    read = reader(COPY_BYTES)
+    return COPY_BYTES / min(read() for _ in range(5)) / 1e9
 
 
 def fma_peak() -> tuple[float | None, float | None]:
@@ -281,9 +289,10 @@ def main() -> None:
         peak_main(a.peak, a.quick)
         return
     rows_wanted = a.rows.split(",")
-    bw, (peak, bf16_peak) = copy_bandwidth(), fma_peak()
+    bw, read_bw, (peak, bf16_peak) = copy_bandwidth(), read_bandwidth(), fma_peak()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"threads={THREADS}, torch {torch.__version__}, copy bandwidth {bw:.1f} GB/s, "
+          f"threads={THREADS}, torch {torch.__version__}, copy bandwidth {bw:.1f} GB/s, read-only bandwidth "
+          f"{read_bw:.1f} GB/s ({100 * read_bw / bw:.0f}% of the copy's), "
           f"f32 FMA peak {peak or float('nan'):.0f} GFLOP/s, bf16 dot-product peak "
           f"{bf16_peak or float('nan'):.0f} GFLOP/s", flush=True)
     rows = []
@@ -309,7 +318,8 @@ def main() -> None:
     print(table(rows, bw, peak, bf16_peak))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"copy_bw_gbs": bw, "fma_peak_gflops": peak, "bf16_peak_gflops": bf16_peak, "threads": THREADS,
+            json.dump({"copy_bw_gbs": bw, "read_bw_gbs": read_bw,
+                       "fma_peak_gflops": peak, "bf16_peak_gflops": bf16_peak, "threads": THREADS,
                        "rows": rows}, f, indent=1)
 
 

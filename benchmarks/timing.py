@@ -89,6 +89,29 @@ def copier(nbytes: int) -> Callable[[], float]:
     return lambda: min(timed(c) for c in copies)
 
 
+def reader(nbytes: int) -> Callable[[], float]:
+    """A read of ``nbytes`` (a multiple of 64) from a 64-byte aligned array made here: each call
+    returns the seconds of the fastest of benchmarks/stream_read (the OpenMP threads, prefetching
+    into L2) and PyTorch's ``sum`` (its threads). The ceiling of a pass that only reads, which on the
+    Zen 5 VM stayed at 70-75% of the copy's bandwidth (bytes read + written) of :func:`copier`."""
+    import ctypes
+
+    import numpy as np
+    import torch
+
+    from opgen.binding import aligned_zeros
+
+    src = aligned_zeros((nbytes // 4,), np.float32, align=64)
+    src[:] = 1
+    ts = torch.from_numpy(src)
+    reads = [lambda: ts.sum()]
+    lib = _stream_copy_lib()
+    if lib is not None:
+        s, n = ctypes.c_void_p(src.ctypes.data), ctypes.c_size_t(nbytes // 64 * 64)
+        reads.append(lambda: lib.stream_read(s, n))
+    return lambda: min(timed(r) for r in reads)
+
+
 @functools.cache
 def _stream_copy_lib() -> object | None:
     """benchmarks/stream_copy.c as a shared library (compiled once per process), or None when no
@@ -107,4 +130,8 @@ def _stream_copy_lib() -> object | None:
                            capture_output=True, text=True)
     except (OSError, cc.CompileError):
         return None
-    return ctypes.CDLL(so) if r.returncode == 0 else None
+    if r.returncode != 0:
+        return None
+    lib = ctypes.CDLL(so)
+    lib.stream_read.restype = ctypes.c_double
+    return lib
