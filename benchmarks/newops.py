@@ -61,14 +61,16 @@ def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
     return min(fns, key=lambda f: best_of(f, 1))
 
 
-def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int) -> float:
+def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int) -> float | None:
     """The ms a call on ``full_rows`` rows would take with its data in cache: the time per row of
     calls on 2 and 18 rows (their difference: the call's fixed cost cancels; both sizes fit the
     L2 cache) on ONE thread, times ``full_rows``, over the threads of a full call (as if they
     scaled perfectly). One thread, because a kernel parallel over groups of rows (LayerNorm's
     column partials: 32 rows a group) runs 2 or 18 rows on one thread whatever the team: timed on
     the team, such a row read twice its per-thread cost. Above the copy time, a row is
-    compute-bound on this machine."""
+    compute-bound on this machine. None where the 18-row calls did not time slower than the 2-row
+    ones (short rows: the difference drowned in the calls' own noise; rotary embeddings once gave
+    "0.0 ms")."""
     import ctypes
     import time
 
@@ -90,7 +92,9 @@ def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int)
             per.append(best)
     finally:
         gomp.omp_set_num_threads(threads)
-    return max(0.0, per[1] - per[0]) / 16 * full_rows / threads * 1e3
+    if per[1] <= per[0]:
+        return None
+    return (per[1] - per[0]) / 16 * full_rows / threads * 1e3
 
 
 def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: str,
@@ -103,8 +107,8 @@ def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: 
     t_o, t_t = alternate(lambda: runtime.call(op, lib=lib, **inputs), theirs, 11)
     out = {"row": row, "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3, "bytes": nbytes,
            **given_ms(lambda: runtime.call(op, lib=lib, **kw), nbytes)}
-    if in_cache:
-        out["cache_ms"] = _in_cache_ms(lib, op, make, full_rows)
+    if in_cache and (cache := _in_cache_ms(lib, op, make, full_rows)) is not None:
+        out["cache_ms"] = cache
     return out
 
 
