@@ -166,15 +166,13 @@ int opgen_bf16_units(void);
 /* A hint that the line `ahead` bytes past element `off` of p will be read soon (map-cpu's
  * `stream` loops). The address is integer arithmetic, so no pointer past an object is formed;
  * a prefetch reads nothing and never faults. */
-#define OPGEN_PREFETCH(p, off, ahead) \
-    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)))
+#define OPGEN_PREFETCH_ADDR(p, off, ahead) ((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)))
+#define OPGEN_PREFETCH(p, off, ahead) __builtin_prefetch(OPGEN_PREFETCH_ADDR(p, off, ahead))
 /* the same, into the second-level cache only (prefetcht2 on x86): sched.prefetch l2, the streams of
  * a pass that writes no row of a caller's tensor */
-#define OPGEN_PREFETCH_L2(p, off, ahead) \
-    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)), 0, 1)
+#define OPGEN_PREFETCH_L2(p, off, ahead) __builtin_prefetch(OPGEN_PREFETCH_ADDR(p, off, ahead), 0, 1)
 /* the same, for bytes about to be written: the line fetched for ownership (prefetchw) */
-#define OPGEN_PREFETCH_W(p, off, ahead) \
-    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)), 1)
+#define OPGEN_PREFETCH_W(p, off, ahead) __builtin_prefetch(OPGEN_PREFETCH_ADDR(p, off, ahead), 1)
 
 /* exp(x) in f32, branch-free so that loops calling it vectorise (libm's expf does not: a call).
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r as

@@ -257,6 +257,11 @@ class CPrinter:
         it is contiguous there, or in the unit-stride flavour (no stride local is declared)."""
         return axis == rank - 1 and (self.buf_info[param].last_contig or self.unit_last)
 
+    def stride_expr(self, param: str, axis: int, rank: int) -> str:
+        """Caller buffer ``param``'s stride along ``axis`` as C: ``1`` where :meth:`unit_axis`
+        says so, else its stride local (mentioned)."""
+        return "1" if self.unit_axis(param, axis, rank) else self.mention(self.stride_name(param, axis))
+
     @staticmethod
     def stride_name(param: str, axis: int) -> str:
         """The local holding a caller buffer's stride (elements) along ``axis``."""
@@ -674,8 +679,7 @@ class CPrinter:
         self.line("}")
         for st in staged:
             b = s.buf_type(st.buf)
-            step = "1" if self.unit_axis(self.arg_of[st.buf], b.rank - 1, b.rank) else \
-                self.mention(self.stride_name(self.arg_of[st.buf], b.rank - 1))
+            step = self.stride_expr(self.arg_of[st.buf], b.rank - 1, b.rank)
             nt = self.mention(self.nt[st.buf]) if st.buf in self.nt else "0"
             stg = self.staged.pop(st)
             fn = (self.STRIP_STORE if stg else self.FILL_STRIP)[self.dtype(b.dtype).name]
@@ -885,8 +889,7 @@ class CPrinter:
         """sched.transpose_tile: the runtime's ``opgen_<dtype>_transpose_tile`` from the tile's
         first element, with the caller's strides along its last two axes."""
         b, pn = s.buf_type(op.src), self.arg_of[op.src]
-        strides = [("1" if self.unit_axis(pn, a, b.rank) else self.mention(self.stride_name(pn, a)))
-                   for a in (b.rank - 2, b.rank - 1)]
+        strides = [self.stride_expr(pn, a, b.rank) for a in (b.rank - 2, b.rank - 1)]
         self.line(f"opgen_{self.dtype(b.dtype).name}_transpose_tile({self.name(op.dst)}, {self.extents(op.dst)[1]}, "
                   f"{self.name(op.src)} + {self.offset(op.src, list(op.idx))}, {strides[0]}, {strides[1]}, "
                   f"{self.name(op.rows)}, {self.name(op.cols)});")
@@ -910,7 +913,7 @@ class CPrinter:
                 ptr = f"{ptr} + {base}"
             else:
                 rs = self.mention(self.stride_name(pn, 0))
-            cs = "1" if self.unit_axis(pn, 1, 2) else self.mention(self.stride_name(pn, 1))
+            cs = self.stride_expr(pn, 1, 2)
         return GemmOperand(ptr, cs, rs, held, ok) if trans else GemmOperand(ptr, rs, cs, held, ok)
 
     @staticmethod
