@@ -1340,10 +1340,11 @@ def test_transposed_reads_in_tiles(built, rng, T, shape):
 
 
 def test_transposed_reads_walk_tiles(built):
-    """tile-transposes: transpose_scale's nest becomes tiles of the input's rows (parallel) ->
-    tiles of its columns (serial), each staged transposed into a local tile -> the output rows of
-    the tile (serial) -> their columns (parallel: the vector loop), which read the local tile
-    along its rows (at i - i0, j - j0); the store's last index the innermost counter."""
+    """tile-transposes: transpose_scale's nest becomes one parallel loop over the tiles, numbered
+    row-major (tj = t / n_i: a tile of the input's rows; ti = t - tj * n_i: of its columns), each
+    staged transposed into a local tile -> the output rows of the tile (serial) -> their columns
+    (parallel: the vector loop), which read the local tile along its rows (at i - i0, j - j0); the
+    store's last index the innermost counter."""
     from opgen.lower.tile_transposes import STAGED_TILE
     from opgen.passes import pipeline
 
@@ -1354,19 +1355,43 @@ def test_transposed_reads_walk_tiles(built):
     (tt,) = [o for o in m.walk() if isinstance(o, s.TransposeTileOp)]
     cols = ld.parent_op()
     rows = cols.parent_op()
-    ti = rows.parent_op()
-    tj = ti.parent_op()
-    assert [x.kind.data for x in (tj, ti, rows, cols)] == ["parallel", "serial", "serial", "parallel"]
+    t = rows.parent_op()
+    assert isinstance(t.parent_op(), s.KernelOp)
+    assert [x.kind.data for x in (t, rows, cols)] == ["parallel", "serial", "parallel"]
     assert list(st.idx) == [rows.iv, cols.iv]
     # the tiles: rows of the output from ti's, its columns (the input's rows) from tj's
     i0, j0 = rows.lo, cols.lo
-    assert i0.owner.lhs is ti.iv and j0.owner.lhs is tj.iv
+    ti, tj = i0.owner.lhs.owner, j0.owner.lhs.owner
+    assert isinstance(tj, ir.DivOp) and tj.lhs is t.iv
+    n_i = tj.rhs
+    assert isinstance(ti, ir.SubOp) and ti.lhs is t.iv and ti.rhs.owner.lhs is tj.result and ti.rhs.owner.rhs is n_i
+    n_j = t.hi.owner.lhs
+    assert t.hi.owner.rhs is n_i and all(isinstance(n.owner, ir.DivOp) for n in (n_i, n_j))
     assert [ir.constant_int(i0.owner.rhs), ir.constant_int(j0.owner.rhs)] == list(STAGED_TILE)
     # staged at the head of each tile: x[j0, i0], (j1 - j0) x (i1 - i0), into a (TI, TJ) local tile
-    assert tt.parent_op() is ti and tt.src is m.body.block.first_op.body.block.args[0]
+    assert tt.parent_op() is t and tt.src is m.body.block.first_op.body.block.args[0]
     assert list(tt.idx) == [j0, i0] and tt.rows.owner.rhs is j0 and tt.cols.owner.rhs is i0
     assert s.buf_type(tt.dst).role.data == "local" and list(s.buf_type(tt.dst).shape) == [str(n) for n in STAGED_TILE]
     assert ld.buf is tt.dst and [(v.owner.lhs, v.owner.rhs) for v in ld.idx] == [(rows.iv, i0), (cols.iv, j0)]
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(40, 3000), (130, 1100), (300, 1030)])
+def test_transposed_tiles_split_over_threads(built, rng, T, shape):
+    """Fewer tiles of the input's rows than threads (40 rows: one), more (300 rows: three, 128
+    each, the last short), and edge tiles of its columns: the threads share the tiles of one row
+    of tiles; every element as numpy's with a team of 1 and of 2 (the tests' cap)."""
+    gomp = ctypes.CDLL("libgomp.so.1")  # (the library's OpenMP runtime, already loaded)
+    x = rounded(rng.standard_normal(shape), T)
+    want = (f64(x) * 2).T
+    before = gomp.omp_get_max_threads()
+    try:
+        for threads in (1, 2):
+            gomp.omp_set_num_threads(threads)
+            got = runtime.call("transpose_scale", lib=built["lib"], x=x)["y"]
+            assert np.array_equal(f64(got), want), threads
+    finally:
+        gomp.omp_set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", ["transpose_scale", "token_sum"])

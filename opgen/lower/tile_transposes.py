@@ -11,31 +11,34 @@ An output computed from a transposed input (``y = x.T * 2``, ``a + b.T``) lowers
 
 Every iteration of ``Q`` reads a different line of ``x``; a line is used again only ``hi_j`` loads
 later, for the next ``i``, by when the caches hold 8192 other lines (8192x4096 f32: 131 ms, 30
-times the copy's time). This pass walks ``TI x TJ`` tiles instead::
+times the copy's time). This pass walks ``TI x TJ`` tiles instead, numbered row-major over
+``(tj, ti)`` in one parallel loop::
 
-    sched.for parallel tj = 0 to cdiv(hi_j, TJ) {
-      j0 = tj * TJ;  j1 = min(j0 + TJ, hi_j)
+    sched.for parallel t = 0 to cdiv(hi_j, TJ) * cdiv(hi_i, TI) {
+      tj = t / cdiv(hi_i, TI);  ti = t - tj * cdiv(hi_i, TI)
+      j0 = tj * TJ;  j1 = min(j0 + TJ, hi_j);  i0 = ti * TI;  i1 = min(i0 + TI, hi_i)
       %t = sched.alloc local [TI, TJ]                          // (staged loads only)
-      sched.for serial ti = 0 to cdiv(hi_i, TI) {
-        i0 = ti * TI;  i1 = min(i0 + TI, hi_i)
-        sched.transpose_tile %x[j0, i0] -> %t, (j1 - j0) x (i1 - i0)
-        sched.for serial i = i0 to i1 {
-          sched.for parallel j = j0 to j1 { ... sched.load %t[i - i0, j - j0] ... }
-        }
+      sched.transpose_tile %x[j0, i0] -> %t, (j1 - j0) x (i1 - i0)
+      sched.for serial i = i0 to i1 {
+        sched.for parallel j = j0 to j1 { ... sched.load %t[i - i0, j - j0] ... }
       }
     }
 
-A thread walks its ``TJ`` rows of ``x`` along them, tile after tile, and writes the ``TJ`` columns
-of ``y`` they give, row after row (tiles of ``i`` in parallel instead, each thread reading a little
-of every row of ``x`` in turn, took twice the time). A load of a caller's tensor whose last two
-indices are ``j`` and ``i`` (the others fixed for the nest) in a dtype of ``STAGED`` is *staged*:
-each tile of it is copied transposed into a local tile by ``sched.transpose_tile`` (the runtime's
-16x16 in-register transposes with AVX-512), and the body reads the local tile along its rows, so
-the vector loop over ``j`` loads vectors instead of one element a row apart each. The tiles are
-then long (``STAGED_TILE``: ``x`` read 512 elements a row, ``y`` written 32 a row, one 64-byte
-line of bf16: the streaming stores' strip); a nest with an unstaged transposed load keeps
-16 x 16 tiles, whose 16 rows of ``x`` stay in L1 between its strided loads. Each element is computed
-by the same operations from the same values: the bits do not change.
+A thread's share of the tiles is a run of consecutive numbers: it walks ``TJ`` rows of ``x``
+along them, tile after tile, and writes the ``TJ`` columns of ``y`` they give, row after row
+(tiles of ``i`` in parallel instead, each thread reading a little of every row of ``x`` in turn,
+took twice the time); with fewer tiles of rows than threads, the threads split a row of tiles
+(``x`` of 128 x 65536: one thread did it all when only the loop over ``tj`` was parallel).
+
+A load of a caller's tensor whose last two indices are ``j`` and ``i`` (the others fixed for the
+nest) in a dtype of ``STAGED`` is *staged*: each tile of it is copied transposed into a local tile
+by ``sched.transpose_tile`` (the runtime's 16x16 in-register transposes with AVX-512), and the
+body reads the local tile along its rows, so the vector loop over ``j`` loads vectors instead of
+one element a row apart each. The tiles are then long (``STAGED_TILE``: ``x`` read 512 elements
+a row, ``y`` written 128 a row, four 64-byte lines of bf16 together: the streaming stores'
+strips); a nest with an unstaged transposed load keeps 16 x 16 tiles, whose 16 rows of ``x`` stay
+in L1 between its strided loads. Each element is computed by the same operations from the same
+values: the bits do not change.
 
 Only that shape is rewritten: both loops from 0, ``P``'s body ``Q`` alone, ``Q``'s bound fixed for
 ``P``, its body holding no loop, branch, check, allocation, accumulation or matmul, every store's
@@ -60,8 +63,10 @@ from opgen.lower import sched as s
 TILE = (16, 16)
 #: (TI, TJ) of a nest with staged loads (8192x4096, 2 threads, the Zen 5 VM, in units of the time
 #: of a numpy copy of x beside it, f32 / bf16: 16 x 16 2.2 / 3.9, 64 x 64 1.65 / 2.9, 512 x 32
-#: 1.6 / 2.6, 32 x 512 2.6 / 3.0; unstaged 16 x 16: 3.6 / 8.1)
-STAGED_TILE = (512, 32)
+#: 1.6 / 2.6, 32 x 512 2.6 / 3.0; unstaged 16 x 16: 3.6 / 8.1. Tenth session, A/B in one
+#: process, ms: 512 x 32 10.1 / 9.5, 512 x 128 9.6 / 7.6, 1024 x 64 9.5 / 7.5, 1024 x 128
+#: 10.1 / 7.6; x of 16384 x 1000 (rows of 2000 bytes) 5.4 / 4.1, 5.1 / 4.3, 5.1 / 5.1, 5.3 / 4.4)
+STAGED_TILE = (512, 128)
 
 #: the dtypes whose tiles are staged transposed (sched.transpose_tile: the CPU runtime's
 #: opgen_<dtype>_transpose_tile, 16x16 in registers with AVX-512)
@@ -123,12 +128,12 @@ def _staged(k: s.KernelOp, p: s.ForOp, loads: list[s.LoadOp]) -> list[s.LoadOp]:
 
 
 def _stage(loads: list[s.LoadOp], tile: tuple[SSAValue, SSAValue], spans: tuple[tuple[SSAValue, SSAValue], ...],
-           tj: s.ForOp, ti_ops: list[Operation]) -> dict[s.LoadOp, SSAValue]:
-    """One local tile per distinct staged tensor (allocated in ``tj``'s body), filled at the head
-    of each tile (``ti_ops``): ``{load: its tile}``."""
+           loop: s.ForOp, head: list[Operation]) -> dict[s.LoadOp, SSAValue]:
+    """One local tile per distinct staged tensor (allocated in the tile ``loop``'s body, still
+    empty), filled at the head of each tile (appended to ``head``): ``{load: its tile}``."""
     (i0, i1), (j0, j1) = spans
     rows, cols = ir.SubOp(j1, j0), ir.SubOp(i1, i0)
-    ti_ops.extend([rows, cols])
+    head.extend([rows, cols])
     tiles: dict[tuple[SSAValue, tuple[SSAValue, ...]], SSAValue] = {}
     out: dict[s.LoadOp, SSAValue] = {}
     for ld in loads:
@@ -137,9 +142,9 @@ def _stage(loads: list[s.LoadOp], tile: tuple[SSAValue, SSAValue], spans: tuple[
         if key not in tiles:
             alloc = s.AllocOp(s.BufType.make([ir.constant_int(t) for t in tile], s.buf_type(ld.buf).dtype, "local"),
                               list(tile))
-            tj.body.block.insert_op_before(alloc, tj.body.block.first_op)  # type: ignore[arg-type]
+            loop.body.block.add_op(alloc)
             tiles[key] = alloc.result
-            ti_ops.append(s.TransposeTileOp(ld.buf, [*lead, j0, i0], alloc.result, rows.result, cols.result))
+            head.append(s.TransposeTileOp(ld.buf, [*lead, j0, i0], alloc.result, rows.result, cols.result))
         out[ld] = tiles[key]
     return out
 
@@ -152,17 +157,20 @@ def _rewrite(k: s.KernelOp, p: s.ForOp, q: s.ForOp) -> None:
     where = InsertPoint.before(p)
     for c in (tile_i, tile_j, zero):
         Rewriter.insert_op(c, where)
-    tj = s.ForOp(zero.result, _tiles(q.hi, tile_j.result, where), "parallel", "t")
-    head: list[Operation] = []
-    j0, j1 = _span(head, q.hi, tj.iv, tile_j.result)
-    ti = s.ForOp(zero.result, _tiles(p.hi, tile_i.result, where), "serial", "t")
-    tj.body.block.add_ops([*head, ti])
-    inner: list[Operation] = []
-    i0, i1 = _span(inner, p.hi, ti.iv, tile_i.result)
-    staged = _stage(loads, (tile_i.result, tile_j.result), ((i0, i1), (j0, j1)), tj, inner) if loads else {}
+    n_i = _tiles(p.hi, tile_i.result, where)
+    n_tiles = ir.MulOp(_tiles(q.hi, tile_j.result, where), n_i)
+    Rewriter.insert_op(n_tiles, where)
+    t = s.ForOp(zero.result, n_tiles.result, "parallel", "t")
+    tj = ir.DivOp(t.iv, n_i)  # (row-major: the tile's row tj, its column ti)
+    tj_n = ir.MulOp(tj.result, n_i)
+    ti = ir.SubOp(t.iv, tj_n.result)
+    head: list[Operation] = [tj, tj_n, ti]
+    j0, j1 = _span(head, q.hi, tj.result, tile_j.result)
+    i0, i1 = _span(head, p.hi, ti.result, tile_i.result)
+    staged = _stage(loads, (tile_i.result, tile_j.result), ((i0, i1), (j0, j1)), t, head) if loads else {}
     rows = s.ForOp(i0, i1, "serial", "i")
     cols = s.ForOp(j0, j1, "parallel", "j")
-    ti.body.block.add_ops([*inner, rows])
+    t.body.block.add_ops([*head, rows])
     rows.body.block.add_op(cols)
     mapping: dict[SSAValue, SSAValue] = {p.iv: rows.iv, q.iv: cols.iv}
     if staged:  # (the tile's row and column of the element: i - i0, j - j0)
@@ -176,7 +184,7 @@ def _rewrite(k: s.KernelOp, p: s.ForOp, q: s.ForOp) -> None:
             cols.body.block.add_op(ld)
         else:
             cols.body.block.add_op(op.clone(value_mapper=mapping))
-    Rewriter.insert_op(tj, InsertPoint.before(p))
+    Rewriter.insert_op(t, InsertPoint.before(p))
     p.detach()
     p.erase()
 
