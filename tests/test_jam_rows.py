@@ -1,5 +1,7 @@
 """``jam-rows`` (opgen/lower/jam_rows.py): rows whose second pass adds into column accumulators
-go two at a time.
+go two at a time, rows of a loop that only sums columns ``READ_STREAMS`` tensor rows at a time;
+``combine-accums`` (opgen/lower/combine_accums.py): the jammed rows' sums into one accumulator
+element read it once and write it once.
 
 The decisions are checked on the CPU pipeline's IR (RMSNorm backward's row loop jammed, its
 rows' next rows prefetched by map-cpu; a scatter-add's segment loop and a row loop whose first
@@ -43,6 +45,19 @@ def norm_cols(g: Tensor[T, N, D], x: Tensor[T, N, D], *, dx: Output[T, N, D], dw
     r = rsqrt(mean(x * x, axis=-1, keepdims=True) + 1e-5)
     return {"dx": g * r - x * (mean(g * x, axis=-1, keepdims=True) * r * r * r),
             "dw": sum(g * x * r, axis=0), "db": sum(g, axis=0)}
+
+
+@op
+def col_sum(x: Tensor[T, N, D], *, s: Output[f32, D]):
+    """The column sums of x (a loop that only reads rows: 8 rows at a time)."""
+    return {"s": sum(cast(x, f32), axis=0)}
+
+
+@op
+def col_stats(g: Tensor[T, N, D], x: Tensor[T, N, D], *, a: Output[f32, D], b: Output[f32, D]):
+    """The column sums of g and of g x (two tensors' rows: 4 rows at a time)."""
+    gf = cast(g, f32)
+    return {"a": sum(gf, axis=0), "b": sum(gf * cast(x, f32), axis=0)}
 '''
 
 
@@ -63,6 +78,13 @@ def unjammed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 def _staged(name: str, stage: str) -> list[s.KernelOp]:
     m = pipeline.run(registry.get(name).module(), "cpu", until=stage)
     return [k for k in m.body.block.ops if isinstance(k, s.KernelOp)]
+
+
+def _built_staged(built: dict[str, object], name: str, stage: str) -> s.KernelOp:
+    """The kernel of an op written here after ``stage`` of the CPU pipeline."""
+    m = pipeline.run(built["ops"][name].module(), "cpu", until=stage)  # type: ignore[index]
+    (k,) = [k for k in m.body.block.ops if isinstance(k, s.KernelOp)]
+    return k
 
 
 def _jammed(k: s.KernelOp) -> list[s.ForOp]:
@@ -185,6 +207,78 @@ def _reference(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 ROWS = [1, 2, 3, 31, 32, 33, 34, 65, 97]
 
 
+def _reads_caller(k: s.KernelOp) -> s.ForOp:
+    """The jammed loop over the caller's rows (not the one over the 32-row partials after it)."""
+    (group,) = [p for p in _jammed(k) if any(isinstance(o, s.LoadOp) and s.buf_type(o.buf).role.data == "in"
+                                             for o in p.walk())]
+    return group
+
+
+@pytest.mark.parametrize(("name", "tensors"), [("col_sum", 1), ("col_stats", 2)])
+def test_loops_that_only_read_rows_run_read_streams_rows(built, name, tensors):
+    """A row loop that writes no caller tensor runs READ_STREAMS // (tensors a row reads) rows an
+    iteration (8 of col_sum's x, 4 of col_stats' g and x); after combine-accums the jammed loop
+    reads each accumulator element once, adds every row's term in row order, and writes it once."""
+    k = _built_staged(built, name, "jam-rows")
+    group = _reads_caller(k)
+    step = next(o for o in group.body.block.ops if isinstance(o, ir.MulOp) and o.lhs is group.iv)
+    rows = jam_rows.READ_STREAMS // tensors
+    assert ir.constant_int(step.rhs) == rows
+    second = group.body.block.last_op
+    assert len([o for o in second.body.block.ops if isinstance(o, s.AccumOp)]) == rows * tensors
+    k = _built_staged(built, name, "combine-accums")
+    group = _reads_caller(k)
+    second = group.body.block.last_op
+    body = list(second.body.block.ops)
+    assert not any(isinstance(o, s.AccumOp) for o in body)
+    accs = {o.buf for o in body if isinstance(o, s.StoreOp)}
+    assert len(accs) == tensors
+    for acc in accs:
+        (load,) = [o for o in body if isinstance(o, s.LoadOp) and o.buf is acc]
+        (store,) = [o for o in body if isinstance(o, s.StoreOp) and o.buf is acc]
+        chain, v = [], store.value
+        while v is not load.result:  # (back from the store: one add per row, the first row's first)
+            assert isinstance(v.owner, ir.AddOp)
+            chain.append(v.owner)
+            v = v.owner.lhs
+        assert len(chain) == rows and body.index(load) < body.index(chain[-1])
+
+
+def test_combine_accums_leaves_lanes_single_sums_and_dtype_variables_alone(built):
+    """combine-accums leaves alone: norm_cols' jammed column sums (its accumulators of the dtype
+    variable T: a bf16 instance's sum may be rounded to its storage at each addition) and its
+    row sums (reduce loops over scalars: map-cpu's lanes); col_sum's row left over after the
+    groups of 8 (one sum into each element)."""
+    k = _built_staged(built, "norm_cols", "combine-accums")
+    (pair,) = [p for p in _jammed(k) if any(isinstance(o, s.ForOp) and o.kind.data == "reduce" for o in p.walk())]
+    accs = [o for o in pair.body.block.last_op.body.block.ops if isinstance(o, s.AccumOp)]
+    assert len(accs) == 4 and all(s.buf_type(a.buf).dtype == "T" for a in accs)
+    reduces = [o for o in k.walk() if isinstance(o, s.ForOp) and o.kind.data == "reduce"]
+    assert reduces and all(any(isinstance(a, s.AccumOp) for a in r.body.block.ops) for r in reduces)
+    rest = _reads_caller(_built_staged(built, "col_sum", "combine-accums")).next_op
+    assert len([o for o in rest.body.block.last_op.body.block.ops if isinstance(o, s.AccumOp)]) == 1
+
+
+@pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 9, 31, 32, 33, 41, 65])
+def test_column_sums_match_numpy_and_the_unjammed_build(built, unjammed, rng, dt, n):
+    """Row counts around the jammed groups (4 and 8 rows) and the 32-row partials: the float64
+    sums within f32's margin, and bitwise the build without jam-rows (so without combined sums:
+    one sum a loop)."""
+    d = 37 if n % 2 else 64
+    g = rng.standard_normal((n, d)).astype(dt)
+    x = rng.standard_normal((n, d)).astype(dt)
+    g64, x64 = g.astype(np.float64), x.astype(np.float64)
+    for name, args, want in (("col_sum", {"x": x}, {"s": x64.sum(0)}),
+                             ("col_stats", {"g": g, "x": x}, {"a": g64.sum(0), "b": (g64 * x64).sum(0)})):
+        got = runtime.call(name, lib=built["lib"], **args)
+        off = runtime.call(name, lib=unjammed, **args)
+        for out, ref in want.items():
+            have = np.asarray(got[out]).astype(np.float64)
+            assert np.abs(have - ref).max() <= 1e-5 * (np.abs(ref).max() + 1) * n, (name, out)
+            assert np.array_equal(np.asarray(got[out]).view(np.uint8), np.asarray(off[out]).view(np.uint8)), (name, out)
+
+
 @pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("n", ROWS)
 def test_results_match_numpy_and_the_unjammed_build(built, unjammed, rng, dt, n):
@@ -220,6 +314,8 @@ SANITIZED = textwrap.dedent("""
             runtime.call("norm_cols", lib=lib, g=g, x=x, dx=g)
             g2 = rng.standard_normal((2 * n, d)).astype(dt)  # (rows apart: the next-row prefetch's
             runtime.call("norm_cols", lib=lib, g=g2[::2], x=x)  # row clamped to the tensor's rows)
+            runtime.call("col_sum", lib=lib, x=g2[::2])
+            runtime.call("col_stats", lib=lib, g=g, x=x)
     print("done")
 """)
 

@@ -1285,11 +1285,13 @@ def test_a_sum_over_the_middle_axis_walks_rows(built):
 
 
 def test_passes_that_only_read_rows_prefetch_into_l2(built):
-    """map-cpu: a stream loop that writes no caller tensor (token_sum's jammed pairs, BatchNorm's
-    column sums: only accumulators) prefetches its rows into L2 (``l2``), both rows of a jam-rows
-    pair (rows lo + 2p and lo + 2p + 1: counter expressions); a pass writing rows of a caller's
-    output (BatchNorm's grad_x) prefetches into L1."""
+    """map-cpu: a stream loop that writes no caller tensor (token_sum's jammed rows, BatchNorm's
+    column sums: only accumulators) prefetches its rows into L2 (``l2``), every row of a jam-rows
+    group (rows lo + F p + r: counter expressions; F = 8 rows of token_sum's one tensor, 4 of
+    BatchNorm's two: jam-rows' READ_STREAMS); a pass writing rows of a caller's output
+    (BatchNorm's grad_x) prefetches into L1."""
     from opgen.lower.cpu_map import cpu_mapping
+    from opgen.lower.jam_rows import READ_STREAMS
     from opgen.lower.sched import CpuMapping
     from opgen.passes import pipeline
 
@@ -1300,8 +1302,9 @@ def test_passes_that_only_read_rows_prefetch_into_l2(built):
         streams = [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_mapping(o) == CpuMapping.STREAM
                    and any(isinstance(ld, s.LoadOp) and s.buf_type(ld.buf).role.data == "in"
                            and s.buf_type(ld.buf).rank >= 2 for ld in o.body.block.ops)]
+        rows = READ_STREAMS // len(want)
         pairs = [o for o in streams if len({ld.idx[-2] for ld in o.body.block.ops if isinstance(ld, s.LoadOp)
-                                            and s.buf_type(ld.buf).rank >= 2}) == 2]
+                                            and s.buf_type(ld.buf).rank >= 2}) == rows]
         assert pairs, name
         for loop in streams:
             hints = [o for o in loop.body.block.ops if isinstance(o, s.PrefetchOp) and o.write is None]
@@ -1310,7 +1313,7 @@ def test_passes_that_only_read_rows_prefetch_into_l2(built):
             assert hints and all((h.l2 is None) == writes_caller for h in hints), (name, loop)
         for pair in pairs:
             hints = [o for o in pair.body.block.ops if isinstance(o, s.PrefetchOp)]
-            assert {k.param_names[h.buf] for h in hints} == want and len(hints) == 2 * len(want)
+            assert {k.param_names[h.buf] for h in hints} == want and len(hints) == rows * len(want)
             assert all(h.l2 is not None for h in hints)
 
 
@@ -1321,7 +1324,7 @@ def test_passes_that_only_read_rows_prefetch_into_l2(built):
 @pytest.mark.parametrize("shape", [(37, 70), (1, 5), (33, 1), (64, 96), (0, 3), (40, 530), (16, 16)])
 def test_transposed_reads_in_tiles(built, rng, T, shape):
     """A transposed input staged in tiles (tile-transposes, sched.transpose_tile): every element as
-    numpy's, edge tiles (sizes not multiples of 16, of 32 rows, of 512 columns: the runtime's
+    numpy's, edge tiles (sizes not multiples of 16, of 128 rows, of 512 columns: the runtime's
     in-register 16x16 blocks and its scalar edges) included, and through strided views (rows
     further apart than their length; columns apart: the general kernel's scalar path)."""
     x = rounded(rng.standard_normal(shape), T)

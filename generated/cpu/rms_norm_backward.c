@@ -519,7 +519,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
         const int64_t v298 = ((v292 < v297 || v292 != v292) ? v292 : v297);
         float *restrict l299 = l299_base + (size_t)opgen_thread() * ((size_t)64ll);
         opgen_zero(l299, sizeof(float) * (size_t)64ll);
-        const int64_t v300 = 2ll;
+        const int64_t v300 = 8ll;
         const int64_t v301 = 0ll;
         const int64_t v302 = v4 - v1;
         const int64_t v303 = ((v302 > v301 || v302 != v302) ? v302 : v301);
@@ -531,26 +531,56 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             const int64_t v309 = v1 + v308;
             const int64_t v310 = 1ll;
             const int64_t v311 = v309 + v310;
-            for (int64_t i312 = v293; i312 < v298; i312++) {
-                const int64_t v313 = v296 + i312;
-                const float v314 = t5[v309 * d_D + v313];
-                l299[i312] += v314;
-                const int64_t v315 = v296 + i312;
-                const float v316 = t5[v311 * d_D + v315];
-                l299[i312] += v316;
+            const int64_t v312 = 2ll;
+            const int64_t v313 = v309 + v312;
+            const int64_t v314 = 3ll;
+            const int64_t v315 = v309 + v314;
+            const int64_t v316 = 4ll;
+            const int64_t v317 = v309 + v316;
+            const int64_t v318 = 5ll;
+            const int64_t v319 = v309 + v318;
+            const int64_t v320 = 6ll;
+            const int64_t v321 = v309 + v320;
+            const int64_t v322 = 7ll;
+            const int64_t v323 = v309 + v322;
+            for (int64_t i324 = v293; i324 < v298; i324++) {
+                const int64_t v325 = v296 + i324;
+                const float v326 = t5[v309 * d_D + v325];
+                l299[i324] += v326;
+                const int64_t v327 = v296 + i324;
+                const float v328 = t5[v311 * d_D + v327];
+                l299[i324] += v328;
+                const int64_t v329 = v296 + i324;
+                const float v330 = t5[v313 * d_D + v329];
+                l299[i324] += v330;
+                const int64_t v331 = v296 + i324;
+                const float v332 = t5[v315 * d_D + v331];
+                l299[i324] += v332;
+                const int64_t v333 = v296 + i324;
+                const float v334 = t5[v317 * d_D + v333];
+                l299[i324] += v334;
+                const int64_t v335 = v296 + i324;
+                const float v336 = t5[v319 * d_D + v335];
+                l299[i324] += v336;
+                const int64_t v337 = v296 + i324;
+                const float v338 = t5[v321 * d_D + v337];
+                l299[i324] += v338;
+                const int64_t v339 = v296 + i324;
+                const float v340 = t5[v323 * d_D + v339];
+                l299[i324] += v340;
             }
         }
-        for (int64_t i317 = v306; i317 < v4; i317++) {
-            for (int64_t i318 = v293; i318 < v298; i318++) {
-                const int64_t v319 = v296 + i318;
-                const float v320 = t5[i317 * d_D + v319];
-                l299[i318] += v320;
+        for (int64_t i341 = v306; i341 < v4; i341++) {
+            for (int64_t i342 = v293; i342 < v298; i342++) {
+                const int64_t v343 = v296 + i342;
+                const float v344 = t5[i341 * d_D + v343];
+                l299[i342] += v344;
             }
         }
-        for (int64_t i321 = v293; i321 < v298; i321++) {
-            const int64_t v322 = v296 + i321;
-            const float v323 = l299[i321];
-            p_grad_w[v322 * st_grad_w_0] = opgen_f32_to_f16(v323);
+        for (int64_t i345 = v293; i345 < v298; i345++) {
+            const int64_t v346 = v296 + i345;
+            const float v347 = l299[i345];
+            p_grad_w[v346 * st_grad_w_0] = opgen_f32_to_f16(v347);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1041,7 +1071,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
         const int64_t v298 = ((v292 < v297 || v292 != v292) ? v292 : v297);
         float *restrict l299 = l299_base + (size_t)opgen_thread() * ((size_t)64ll);
         opgen_zero(l299, sizeof(float) * (size_t)64ll);
-        const int64_t v300 = 2ll;
+        const int64_t v300 = 8ll;
         const int64_t v301 = 0ll;
         const int64_t v302 = v4 - v1;
         const int64_t v303 = ((v302 > v301 || v302 != v302) ? v302 : v301);
@@ -1053,28 +1083,58 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             const int64_t v309 = v1 + v308;
             const int64_t v310 = 1ll;
             const int64_t v311 = v309 + v310;
+            const int64_t v312 = 2ll;
+            const int64_t v313 = v309 + v312;
+            const int64_t v314 = 3ll;
+            const int64_t v315 = v309 + v314;
+            const int64_t v316 = 4ll;
+            const int64_t v317 = v309 + v316;
+            const int64_t v318 = 5ll;
+            const int64_t v319 = v309 + v318;
+            const int64_t v320 = 6ll;
+            const int64_t v321 = v309 + v320;
+            const int64_t v322 = 7ll;
+            const int64_t v323 = v309 + v322;
             #pragma omp simd
-            for (int64_t i312 = v293; i312 < v298; i312++) {
-                const int64_t v313 = v296 + i312;
-                const float v314 = t5[v309 * d_D + v313];
-                l299[i312] += v314;
-                const int64_t v315 = v296 + i312;
-                const float v316 = t5[v311 * d_D + v315];
-                l299[i312] += v316;
+            for (int64_t i324 = v293; i324 < v298; i324++) {
+                const int64_t v325 = v296 + i324;
+                const float v326 = t5[v309 * d_D + v325];
+                l299[i324] += v326;
+                const int64_t v327 = v296 + i324;
+                const float v328 = t5[v311 * d_D + v327];
+                l299[i324] += v328;
+                const int64_t v329 = v296 + i324;
+                const float v330 = t5[v313 * d_D + v329];
+                l299[i324] += v330;
+                const int64_t v331 = v296 + i324;
+                const float v332 = t5[v315 * d_D + v331];
+                l299[i324] += v332;
+                const int64_t v333 = v296 + i324;
+                const float v334 = t5[v317 * d_D + v333];
+                l299[i324] += v334;
+                const int64_t v335 = v296 + i324;
+                const float v336 = t5[v319 * d_D + v335];
+                l299[i324] += v336;
+                const int64_t v337 = v296 + i324;
+                const float v338 = t5[v321 * d_D + v337];
+                l299[i324] += v338;
+                const int64_t v339 = v296 + i324;
+                const float v340 = t5[v323 * d_D + v339];
+                l299[i324] += v340;
             }
         }
-        for (int64_t i317 = v306; i317 < v4; i317++) {
+        for (int64_t i341 = v306; i341 < v4; i341++) {
             #pragma omp simd
-            for (int64_t i318 = v293; i318 < v298; i318++) {
-                const int64_t v319 = v296 + i318;
-                const float v320 = t5[i317 * d_D + v319];
-                l299[i318] += v320;
+            for (int64_t i342 = v293; i342 < v298; i342++) {
+                const int64_t v343 = v296 + i342;
+                const float v344 = t5[i341 * d_D + v343];
+                l299[i342] += v344;
             }
         }
-        for (int64_t i321 = v293; i321 < v298; i321++) {
-            const int64_t v322 = v296 + i321;
-            const float v323 = l299[i321];
-            p_grad_w[v322] = opgen_f32_to_f16(v323);
+        for (int64_t i345 = v293; i345 < v298; i345++) {
+            const int64_t v346 = v296 + i345;
+            const float v347 = l299[i345];
+            p_grad_w[v346] = opgen_f32_to_f16(v347);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1586,7 +1646,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
         const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
         float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
         opgen_zero(l295, sizeof(float) * (size_t)64ll);
-        const int64_t v296 = 2ll;
+        const int64_t v296 = 8ll;
         const int64_t v297 = 0ll;
         const int64_t v298 = v4 - v1;
         const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
@@ -1598,26 +1658,56 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             const int64_t v305 = v1 + v304;
             const int64_t v306 = 1ll;
             const int64_t v307 = v305 + v306;
-            for (int64_t i308 = v289; i308 < v294; i308++) {
-                const int64_t v309 = v292 + i308;
-                const float v310 = t5[v305 * d_D + v309];
-                l295[i308] += v310;
-                const int64_t v311 = v292 + i308;
-                const float v312 = t5[v307 * d_D + v311];
-                l295[i308] += v312;
+            const int64_t v308 = 2ll;
+            const int64_t v309 = v305 + v308;
+            const int64_t v310 = 3ll;
+            const int64_t v311 = v305 + v310;
+            const int64_t v312 = 4ll;
+            const int64_t v313 = v305 + v312;
+            const int64_t v314 = 5ll;
+            const int64_t v315 = v305 + v314;
+            const int64_t v316 = 6ll;
+            const int64_t v317 = v305 + v316;
+            const int64_t v318 = 7ll;
+            const int64_t v319 = v305 + v318;
+            for (int64_t i320 = v289; i320 < v294; i320++) {
+                const int64_t v321 = v292 + i320;
+                const float v322 = t5[v305 * d_D + v321];
+                l295[i320] += v322;
+                const int64_t v323 = v292 + i320;
+                const float v324 = t5[v307 * d_D + v323];
+                l295[i320] += v324;
+                const int64_t v325 = v292 + i320;
+                const float v326 = t5[v309 * d_D + v325];
+                l295[i320] += v326;
+                const int64_t v327 = v292 + i320;
+                const float v328 = t5[v311 * d_D + v327];
+                l295[i320] += v328;
+                const int64_t v329 = v292 + i320;
+                const float v330 = t5[v313 * d_D + v329];
+                l295[i320] += v330;
+                const int64_t v331 = v292 + i320;
+                const float v332 = t5[v315 * d_D + v331];
+                l295[i320] += v332;
+                const int64_t v333 = v292 + i320;
+                const float v334 = t5[v317 * d_D + v333];
+                l295[i320] += v334;
+                const int64_t v335 = v292 + i320;
+                const float v336 = t5[v319 * d_D + v335];
+                l295[i320] += v336;
             }
         }
-        for (int64_t i313 = v302; i313 < v4; i313++) {
-            for (int64_t i314 = v289; i314 < v294; i314++) {
-                const int64_t v315 = v292 + i314;
-                const float v316 = t5[i313 * d_D + v315];
-                l295[i314] += v316;
+        for (int64_t i337 = v302; i337 < v4; i337++) {
+            for (int64_t i338 = v289; i338 < v294; i338++) {
+                const int64_t v339 = v292 + i338;
+                const float v340 = t5[i337 * d_D + v339];
+                l295[i338] += v340;
             }
         }
-        for (int64_t i317 = v289; i317 < v294; i317++) {
-            const int64_t v318 = v292 + i317;
-            const float v319 = l295[i317];
-            p_grad_w[v318 * st_grad_w_0] = v319;
+        for (int64_t i341 = v289; i341 < v294; i341++) {
+            const int64_t v342 = v292 + i341;
+            const float v343 = l295[i341];
+            p_grad_w[v342 * st_grad_w_0] = v343;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2094,7 +2184,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
         const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
         float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
         opgen_zero(l295, sizeof(float) * (size_t)64ll);
-        const int64_t v296 = 2ll;
+        const int64_t v296 = 8ll;
         const int64_t v297 = 0ll;
         const int64_t v298 = v4 - v1;
         const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
@@ -2106,28 +2196,58 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             const int64_t v305 = v1 + v304;
             const int64_t v306 = 1ll;
             const int64_t v307 = v305 + v306;
+            const int64_t v308 = 2ll;
+            const int64_t v309 = v305 + v308;
+            const int64_t v310 = 3ll;
+            const int64_t v311 = v305 + v310;
+            const int64_t v312 = 4ll;
+            const int64_t v313 = v305 + v312;
+            const int64_t v314 = 5ll;
+            const int64_t v315 = v305 + v314;
+            const int64_t v316 = 6ll;
+            const int64_t v317 = v305 + v316;
+            const int64_t v318 = 7ll;
+            const int64_t v319 = v305 + v318;
             #pragma omp simd
-            for (int64_t i308 = v289; i308 < v294; i308++) {
-                const int64_t v309 = v292 + i308;
-                const float v310 = t5[v305 * d_D + v309];
-                l295[i308] += v310;
-                const int64_t v311 = v292 + i308;
-                const float v312 = t5[v307 * d_D + v311];
-                l295[i308] += v312;
+            for (int64_t i320 = v289; i320 < v294; i320++) {
+                const int64_t v321 = v292 + i320;
+                const float v322 = t5[v305 * d_D + v321];
+                l295[i320] += v322;
+                const int64_t v323 = v292 + i320;
+                const float v324 = t5[v307 * d_D + v323];
+                l295[i320] += v324;
+                const int64_t v325 = v292 + i320;
+                const float v326 = t5[v309 * d_D + v325];
+                l295[i320] += v326;
+                const int64_t v327 = v292 + i320;
+                const float v328 = t5[v311 * d_D + v327];
+                l295[i320] += v328;
+                const int64_t v329 = v292 + i320;
+                const float v330 = t5[v313 * d_D + v329];
+                l295[i320] += v330;
+                const int64_t v331 = v292 + i320;
+                const float v332 = t5[v315 * d_D + v331];
+                l295[i320] += v332;
+                const int64_t v333 = v292 + i320;
+                const float v334 = t5[v317 * d_D + v333];
+                l295[i320] += v334;
+                const int64_t v335 = v292 + i320;
+                const float v336 = t5[v319 * d_D + v335];
+                l295[i320] += v336;
             }
         }
-        for (int64_t i313 = v302; i313 < v4; i313++) {
+        for (int64_t i337 = v302; i337 < v4; i337++) {
             #pragma omp simd
-            for (int64_t i314 = v289; i314 < v294; i314++) {
-                const int64_t v315 = v292 + i314;
-                const float v316 = t5[i313 * d_D + v315];
-                l295[i314] += v316;
+            for (int64_t i338 = v289; i338 < v294; i338++) {
+                const int64_t v339 = v292 + i338;
+                const float v340 = t5[i337 * d_D + v339];
+                l295[i338] += v340;
             }
         }
-        for (int64_t i317 = v289; i317 < v294; i317++) {
-            const int64_t v318 = v292 + i317;
-            const float v319 = l295[i317];
-            p_grad_w[v318] = v319;
+        for (int64_t i341 = v289; i341 < v294; i341++) {
+            const int64_t v342 = v292 + i341;
+            const float v343 = l295[i341];
+            p_grad_w[v342] = v343;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2645,7 +2765,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
         const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
         float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
         opgen_zero(l295, sizeof(float) * (size_t)64ll);
-        const int64_t v296 = 2ll;
+        const int64_t v296 = 8ll;
         const int64_t v297 = 0ll;
         const int64_t v298 = v4 - v1;
         const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
@@ -2657,26 +2777,56 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             const int64_t v305 = v1 + v304;
             const int64_t v306 = 1ll;
             const int64_t v307 = v305 + v306;
-            for (int64_t i308 = v289; i308 < v294; i308++) {
-                const int64_t v309 = v292 + i308;
-                const float v310 = t5[v305 * d_D + v309];
-                l295[i308] += v310;
-                const int64_t v311 = v292 + i308;
-                const float v312 = t5[v307 * d_D + v311];
-                l295[i308] += v312;
+            const int64_t v308 = 2ll;
+            const int64_t v309 = v305 + v308;
+            const int64_t v310 = 3ll;
+            const int64_t v311 = v305 + v310;
+            const int64_t v312 = 4ll;
+            const int64_t v313 = v305 + v312;
+            const int64_t v314 = 5ll;
+            const int64_t v315 = v305 + v314;
+            const int64_t v316 = 6ll;
+            const int64_t v317 = v305 + v316;
+            const int64_t v318 = 7ll;
+            const int64_t v319 = v305 + v318;
+            for (int64_t i320 = v289; i320 < v294; i320++) {
+                const int64_t v321 = v292 + i320;
+                const float v322 = t5[v305 * d_D + v321];
+                l295[i320] += v322;
+                const int64_t v323 = v292 + i320;
+                const float v324 = t5[v307 * d_D + v323];
+                l295[i320] += v324;
+                const int64_t v325 = v292 + i320;
+                const float v326 = t5[v309 * d_D + v325];
+                l295[i320] += v326;
+                const int64_t v327 = v292 + i320;
+                const float v328 = t5[v311 * d_D + v327];
+                l295[i320] += v328;
+                const int64_t v329 = v292 + i320;
+                const float v330 = t5[v313 * d_D + v329];
+                l295[i320] += v330;
+                const int64_t v331 = v292 + i320;
+                const float v332 = t5[v315 * d_D + v331];
+                l295[i320] += v332;
+                const int64_t v333 = v292 + i320;
+                const float v334 = t5[v317 * d_D + v333];
+                l295[i320] += v334;
+                const int64_t v335 = v292 + i320;
+                const float v336 = t5[v319 * d_D + v335];
+                l295[i320] += v336;
             }
         }
-        for (int64_t i313 = v302; i313 < v4; i313++) {
-            for (int64_t i314 = v289; i314 < v294; i314++) {
-                const int64_t v315 = v292 + i314;
-                const float v316 = t5[i313 * d_D + v315];
-                l295[i314] += v316;
+        for (int64_t i337 = v302; i337 < v4; i337++) {
+            for (int64_t i338 = v289; i338 < v294; i338++) {
+                const int64_t v339 = v292 + i338;
+                const float v340 = t5[i337 * d_D + v339];
+                l295[i338] += v340;
             }
         }
-        for (int64_t i317 = v289; i317 < v294; i317++) {
-            const int64_t v318 = v292 + i317;
-            const float v319 = l295[i317];
-            p_grad_w[v318 * st_grad_w_0] = opgen_f32_to_bf16(v319);
+        for (int64_t i341 = v289; i341 < v294; i341++) {
+            const int64_t v342 = v292 + i341;
+            const float v343 = l295[i341];
+            p_grad_w[v342 * st_grad_w_0] = opgen_f32_to_bf16(v343);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -3159,7 +3309,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
         const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
         float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
         opgen_zero(l295, sizeof(float) * (size_t)64ll);
-        const int64_t v296 = 2ll;
+        const int64_t v296 = 8ll;
         const int64_t v297 = 0ll;
         const int64_t v298 = v4 - v1;
         const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
@@ -3171,28 +3321,58 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             const int64_t v305 = v1 + v304;
             const int64_t v306 = 1ll;
             const int64_t v307 = v305 + v306;
+            const int64_t v308 = 2ll;
+            const int64_t v309 = v305 + v308;
+            const int64_t v310 = 3ll;
+            const int64_t v311 = v305 + v310;
+            const int64_t v312 = 4ll;
+            const int64_t v313 = v305 + v312;
+            const int64_t v314 = 5ll;
+            const int64_t v315 = v305 + v314;
+            const int64_t v316 = 6ll;
+            const int64_t v317 = v305 + v316;
+            const int64_t v318 = 7ll;
+            const int64_t v319 = v305 + v318;
             #pragma omp simd
-            for (int64_t i308 = v289; i308 < v294; i308++) {
-                const int64_t v309 = v292 + i308;
-                const float v310 = t5[v305 * d_D + v309];
-                l295[i308] += v310;
-                const int64_t v311 = v292 + i308;
-                const float v312 = t5[v307 * d_D + v311];
-                l295[i308] += v312;
+            for (int64_t i320 = v289; i320 < v294; i320++) {
+                const int64_t v321 = v292 + i320;
+                const float v322 = t5[v305 * d_D + v321];
+                l295[i320] += v322;
+                const int64_t v323 = v292 + i320;
+                const float v324 = t5[v307 * d_D + v323];
+                l295[i320] += v324;
+                const int64_t v325 = v292 + i320;
+                const float v326 = t5[v309 * d_D + v325];
+                l295[i320] += v326;
+                const int64_t v327 = v292 + i320;
+                const float v328 = t5[v311 * d_D + v327];
+                l295[i320] += v328;
+                const int64_t v329 = v292 + i320;
+                const float v330 = t5[v313 * d_D + v329];
+                l295[i320] += v330;
+                const int64_t v331 = v292 + i320;
+                const float v332 = t5[v315 * d_D + v331];
+                l295[i320] += v332;
+                const int64_t v333 = v292 + i320;
+                const float v334 = t5[v317 * d_D + v333];
+                l295[i320] += v334;
+                const int64_t v335 = v292 + i320;
+                const float v336 = t5[v319 * d_D + v335];
+                l295[i320] += v336;
             }
         }
-        for (int64_t i313 = v302; i313 < v4; i313++) {
+        for (int64_t i337 = v302; i337 < v4; i337++) {
             #pragma omp simd
-            for (int64_t i314 = v289; i314 < v294; i314++) {
-                const int64_t v315 = v292 + i314;
-                const float v316 = t5[i313 * d_D + v315];
-                l295[i314] += v316;
+            for (int64_t i338 = v289; i338 < v294; i338++) {
+                const int64_t v339 = v292 + i338;
+                const float v340 = t5[i337 * d_D + v339];
+                l295[i338] += v340;
             }
         }
-        for (int64_t i317 = v289; i317 < v294; i317++) {
-            const int64_t v318 = v292 + i317;
-            const float v319 = l295[i317];
-            p_grad_w[v318] = opgen_f32_to_bf16(v319);
+        for (int64_t i341 = v289; i341 < v294; i341++) {
+            const int64_t v342 = v292 + i341;
+            const float v343 = l295[i341];
+            p_grad_w[v342] = opgen_f32_to_bf16(v343);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -58,11 +58,19 @@ from xdsl.passes import ModulePass
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import counter_expr, independent
+from opgen.lower.cpu_map import counter_expr, independent, reads_only
 
 #: rows per iteration of the jammed loop (module docstring; below 2 the pass changes nothing).
 #: 4 measured slower than 2 (RMSNorm backward bf16 4.8 ms against 4.1 in the slow windows).
 FACTOR = 2
+#: a row loop that writes no caller tensor (column sums only: a sum over the middle axis,
+#: BatchNorm backward's first pass) runs this many rows of its caller tensors at once, in
+#: ``READ_STREAMS // (caller tensors a row reads)`` rows an iteration (at least ``FACTOR``): a pass
+#: that only reads is bound by the misses a core keeps in flight, and each row is a stream of its
+#: own (a C harness summing 128x64x4096 f32 rows into a row of 4096 sums, 2 threads on the Zen 5
+#: VM, GB/s read: 1 row a time 21-25, 2 rows 25-33, 4 rows 37-41, 8 rows 43-45; one contiguous
+#: read 27-30)
+READ_STREAMS = 8
 
 
 def _accumulators(loop: s.ForOp, second: s.ForOp) -> set[SSAValue] | None:
@@ -106,6 +114,17 @@ def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
                 return None
     axes = s.counter_axes(loop, written | aliased)  # (caller tensors every access of which must name its own row)
     return second if len(axes) <= 1 and -1 not in axes else None
+
+
+def rows_per_iteration(loop: s.ForOp, second: s.ForOp) -> int:
+    """The rows an iteration of the jammed ``loop`` runs: :data:`FACTOR`, or for a loop that
+    writes no caller tensor :data:`READ_STREAMS` over the tensors (caller's or workspace partials)
+    whose rows its second pass reads (at least ``FACTOR``)."""
+    if not reads_only(loop):
+        return FACTOR
+    rows = {o.buf for o in second.body.block.ops if isinstance(o, s.LoadOp) and loop.iv in o.idx
+            and s.buf_type(o.buf).role.data != "local"}
+    return max(FACTOR, READ_STREAMS // max(1, len(rows)))
 
 
 def jam(loop: s.ForOp, second: s.ForOp, factor: int) -> None:
@@ -165,5 +184,5 @@ class JamRows(ModulePass):
             for loop in [o for o in k.walk() if isinstance(o, s.ForOp)]:
                 second = jammable(loop, aliased)
                 if second is not None:
-                    jam(loop, second, FACTOR)
+                    jam(loop, second, rows_per_iteration(loop, second))
 

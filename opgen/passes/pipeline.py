@@ -27,6 +27,7 @@ from xdsl.utils.exceptions import VerifyException
 from opgen.ir.dialect import Opgen
 from opgen.lower.boundary import ConvertAtBoundary
 from opgen.lower.column_strips import ColumnStrips
+from opgen.lower.combine_accums import CombineAccums
 from opgen.lower.cpu_map import MapCpu
 from opgen.lower.empty_ranges import SpecialiseEmptyRanges
 from opgen.lower.expand_math import ExpandMath
@@ -80,8 +81,10 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py);
     # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py);
     # a nest writing rows from a transposed input walks 16x16 tiles (opgen/lower/tile_transposes.py);
-    # rows whose second pass adds into column accumulators go two at a time (opgen/lower/jam_rows.py),
-    # the pair's first passes then fused by fuse-reductions again;
+    # rows whose second pass adds into column accumulators go two at a time, a loop that only
+    # sums columns 8 rows' streams at a time (opgen/lower/jam_rows.py), the rows' first passes then
+    # fused by fuse-reductions again, and their sums into one accumulator element read and written
+    # once (opgen/lower/combine_accums.py);
     # rows read through an index table are prefetched a few iterations ahead
     # (opgen/lower/gather_prefetch.py); an expensive function of one bf16/f16 element is looked up
     # in a table of its 65536 values (opgen/lower/tabulate.py).
@@ -89,7 +92,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
-            HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), MapCpu(),
+            HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), CombineAccums(), MapCpu(),
             SpecialiseEmptyRanges(), PrefetchGathers(), Tabulate()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
