@@ -48,6 +48,18 @@ def norm_cols(g: Tensor[T, N, D], x: Tensor[T, N, D], *, dx: Output[T, N, D], dw
 
 
 @op
+def scale_cols(x: Tensor[T, N, D], m: Tensor[f32, D], r: Tensor[f32, D], *, y: Output[T, N, D]):
+    """y = (x - m) r, m and r per column (a row loop reading column vectors: 2 rows at a time)."""
+    return {"y": (cast(x, f32) - m[None, :]) * r[None, :]}
+
+
+@op
+def twice(x: Tensor[T, N, D], *, y: Output[T, N, D]):
+    """y = 2 x (no column vector: one row at a time)."""
+    return {"y": x * 2.0}
+
+
+@op
 def col_sum(x: Tensor[T, N, D], *, s: Output[f32, D]):
     """The column sums of x (a loop that only reads rows: 8 rows at a time)."""
     return {"s": sum(cast(x, f32), axis=0)}
@@ -75,14 +87,25 @@ def unjammed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield b["lib"]
 
 
+#: jam-rows' factor as built (the ``unjammed`` fixture sets 1 for as long as it lives, on its worker)
+FACTOR = jam_rows.FACTOR
+
+
+def _run(module: object, stage: str) -> object:
+    """The CPU pipeline up to ``stage`` with jam-rows' own factor."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jam_rows, "FACTOR", FACTOR)
+        return pipeline.run(module, "cpu", until=stage)
+
+
 def _staged(name: str, stage: str) -> list[s.KernelOp]:
-    m = pipeline.run(registry.get(name).module(), "cpu", until=stage)
+    m = _run(registry.get(name).module(), stage)
     return [k for k in m.body.block.ops if isinstance(k, s.KernelOp)]
 
 
 def _built_staged(built: dict[str, object], name: str, stage: str) -> s.KernelOp:
     """The kernel of an op written here after ``stage`` of the CPU pipeline."""
-    m = pipeline.run(built["ops"][name].module(), "cpu", until=stage)  # type: ignore[index]
+    m = _run(built["ops"][name].module(), stage)  # type: ignore[index]
     (k,) = [k for k in m.body.block.ops if isinstance(k, s.KernelOp)]
     return k
 
@@ -244,6 +267,40 @@ def test_loops_that_only_read_rows_run_read_streams_rows(built, name, tensors):
         assert len(chain) == rows and body.index(load) < body.index(chain[-1])
 
 
+def test_parallel_rows_reading_column_vectors_go_two_at_a_time(built):
+    """scale_cols: its parallel row loop, whose body is one column loop reading the column
+    vectors m and r, becomes a parallel loop over groups of ROW_FACTOR rows (one column loop
+    computing each row's elements in turn) and the original loop for the rows left over; twice
+    (no column vector) keeps its row loop."""
+    k = _built_staged(built, "scale_cols", "jam-rows")
+    (group,) = _jammed(k)
+    assert group.kind.data == "parallel" and isinstance(group.parent_op(), s.KernelOp)
+    step = next(o for o in group.body.block.ops if isinstance(o, ir.MulOp) and o.lhs is group.iv)
+    assert ir.constant_int(step.rhs) == jam_rows.ROW_FACTOR
+    cols = group.body.block.last_op
+    stores = [o for o in cols.body.block.ops if isinstance(o, s.StoreOp)]
+    assert len(stores) == jam_rows.ROW_FACTOR and len({st.idx[0] for st in stores}) == jam_rows.ROW_FACTOR
+    rest = group.next_op
+    assert isinstance(rest, s.ForOp) and rest.kind.data == "parallel"
+    assert _jammed(_built_staged(built, "twice", "jam-rows")) == []
+
+
+@pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 33])
+def test_jammed_parallel_rows_match_numpy_and_the_unjammed_build(built, unjammed, rng, dt, n):
+    """Odd and even row counts (the last row in the loop left over), rows further apart than
+    their length: numpy's values rounded once, bitwise the build without the pass."""
+    d = 37 if n % 2 else 64
+    x = rng.standard_normal((n, d + 5)).astype(dt)[:, 2:d + 2]
+    m = rng.standard_normal(d).astype(np.float32)
+    r = rng.standard_normal(d).astype(np.float32)
+    got = runtime.call("scale_cols", lib=built["lib"], x=x, m=m, r=r)["y"]
+    off = runtime.call("scale_cols", lib=unjammed, x=x, m=m, r=r)["y"]
+    want = ((x.astype(np.float32) - m) * r).astype(dt)
+    assert np.array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
+    assert np.array_equal(np.asarray(got).view(np.uint8), np.asarray(off).view(np.uint8))
+
+
 def test_combine_accums_leaves_lanes_single_sums_and_dtype_variables_alone(built):
     """combine-accums leaves alone: norm_cols' jammed column sums (its accumulators of the dtype
     variable T: a bf16 instance's sum may be rounded to its storage at each addition) and its
@@ -316,6 +373,7 @@ SANITIZED = textwrap.dedent("""
             runtime.call("norm_cols", lib=lib, g=g2[::2], x=x)  # row clamped to the tensor's rows)
             runtime.call("col_sum", lib=lib, x=g2[::2])
             runtime.call("col_stats", lib=lib, g=g, x=x)
+            runtime.call("scale_cols", lib=lib, x=g2[::2], m=x[0].astype(np.float32), r=g[0].astype(np.float32))
     print("done")
 """)
 

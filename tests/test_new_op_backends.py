@@ -797,8 +797,8 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
         assert len(sums) == 1 and loop in _after(sums[0])
         before = list(outer.body.block.ops)[:list(outer.body.block.ops).index(loop)]
         writes = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is not None]
-        stores = [x for x in loop.body.block.ops if isinstance(x, s.StoreOp)]
-        assert len(writes) == len(stores) == jammed
+        stores = [x for x in loop.body.block.ops if isinstance(x, s.StoreOp) and s.buf_type(x.buf).role.data == "out"]
+        assert len(writes) == len(stores) == jammed  # (the column sums' stores: combine-accums)
         for st in stores:  # (its output, owned ahead in the row it writes)
             (write,) = [w for w in writes if list(w.idx) == list(st.idx)]
             assert names[write.buf] == "grad_x" and write.ahead.data == cpu_map.PREFETCH_AHEAD
@@ -1289,7 +1289,8 @@ def test_passes_that_only_read_rows_prefetch_into_l2(built):
     column sums: only accumulators) prefetches its rows into L2 (``l2``), every row of a jam-rows
     group (rows lo + F p + r: counter expressions; F = 8 rows of token_sum's one tensor, 4 of
     BatchNorm's two: jam-rows' READ_STREAMS); a pass writing rows of a caller's output
-    (BatchNorm's grad_x) prefetches into L1."""
+    (BatchNorm's grad_x) prefetches into L1, except two rows at a time (jam-rows' ROW_FACTOR:
+    no hints, measured faster without)."""
     from opgen.lower.cpu_map import cpu_mapping
     from opgen.lower.jam_rows import READ_STREAMS
     from opgen.lower.sched import CpuMapping
@@ -1310,6 +1311,11 @@ def test_passes_that_only_read_rows_prefetch_into_l2(built):
             hints = [o for o in loop.body.block.ops if isinstance(o, s.PrefetchOp) and o.write is None]
             writes_caller = any(isinstance(o, s.StoreOp) and s.buf_type(o.buf).role.data == "out"
                                 for o in loop.walk())
+            jammed = len({ld.idx[-2] for ld in loop.body.block.ops if isinstance(ld, s.LoadOp)
+                          and s.buf_type(ld.buf).rank >= 2}) > 1
+            if writes_caller and jammed:  # (BatchNorm's grad_x two rows at a time: no hints)
+                assert not hints, (name, loop)
+                continue
             assert hints and all((h.l2 is None) == writes_caller for h in hints), (name, loop)
         for pair in pairs:
             hints = [o for o in pair.body.block.ops if isinstance(o, s.PrefetchOp)]
