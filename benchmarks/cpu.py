@@ -11,10 +11,10 @@ many bytes as the row moves, timed alternately with the row's calls: a VM's memo
 drifts, within seconds on the Zen 5 machine; the median over the repetitions of each call against
 the copy timed right after it; each timed call and each timed copy right after an untimed one of
 itself, so neither pays for the other's dirty cache lines; the bandwidth of a 256 MiB copy at the
-start is printed too, and that of a 256 MiB read, the fastest of PyTorch's ``sum`` and a read
-prefetching into L2 (benchmarks/stream_copy.c): the ceiling of a row that mostly reads, about 75%
-of the copy's on the Zen 5 VM); the new ops' rows add their time with the data in cache, which shows the
-rows that are compute-bound here. Products in f32 show the fraction of the f32 FMA peak, products
+start is printed too, and that of a 256 MiB read, the fastest of PyTorch's ``sum`` and a read of
+8 streams a thread (benchmarks/stream_copy.c): the ceiling of a row that only reads, 70-75% of
+the copy's on the Zen 5 VM); the new ops' rows add their time with the data in cache, which
+shows the rows that are compute-bound here. Products in f32 show the fraction of the f32 FMA peak, products
 in bf16 that of the bf16 dot-product peak (AVX512-BF16), both sides (benchmarks/fma_peak.c,
 measured in the same run). FLCE peak memory is measured in a fresh subprocess per contender
 (resident-set growth over the call, sampled every millisecond).

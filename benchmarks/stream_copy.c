@@ -8,9 +8,12 @@
  * stream_copy(src, dst, n): n bytes, a multiple of 64; src and dst 64-byte aligned.
  *
  * stream_read(src, n): the sum of the n / 4 floats at src (n a multiple of 64, src 64-byte aligned),
- * read in one contiguous block per OpenMP thread, each line prefetched into L2 2 KiB ahead: the
- * read-only reference (a pass that reads and writes nothing is bound by the misses a core keeps in
- * flight; on the Zen 5 VM it reached 70-75% of the streaming copy's bandwidth). */
+ * one contiguous block per OpenMP thread read as READ_STREAMS streams side by side (runs of
+ * READ_RUN lines, a line of each run in turn, as a kernel summing 8 rows at a time reads them): the
+ * read-only reference. A pass that reads and writes nothing is bound by the misses a core keeps in
+ * flight: on the Zen 5 VM one stream a thread read at 70-75% of the streaming copy's bandwidth,
+ * 8 runs of 64 KiB side by side 10-20% faster, 8 streams an eighth of the block apart no faster
+ * than one (2 threads, 256 MiB, GB/s in one window: 24.8, 29.7, 25.1). */
 #include <omp.h>
 #include <stddef.h>
 #include <string.h>
@@ -37,6 +40,8 @@ void stream_copy(const void *src, void *dst, size_t n) {
 #endif
 }
 
+#define READ_STREAMS 8
+#define READ_RUN 1024 /* lines of a stream before the next READ_STREAMS runs (64 KiB) */
 double stream_read(const void *src, size_t n) {
     const float *s = (const float *)src;
     const size_t lines = n / 64;
@@ -45,16 +50,25 @@ double stream_read(const void *src, size_t n) {
     {
         const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
         const size_t lo = lines * t / nt, hi = lines * (t + 1) / nt;
+        size_t c = lo; /* (the start of the next READ_STREAMS runs) */
 #if defined(__AVX512F__)
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (size_t i = lo; i < hi; i++) { /* (four chains: the adds keep up with memory) */
-            __builtin_prefetch((const char *)(s + 16 * i) + 2048, 0, 1); /* (never faults past the end) */
+        for (; c + READ_STREAMS * READ_RUN <= hi; c += READ_STREAMS * READ_RUN) /* (four chains: the adds keep up) */
+            for (size_t j = 0; j < READ_RUN; j++)
+                for (size_t k = 0; k < READ_STREAMS; k++)
+                    acc[k % 4] = _mm512_add_ps(acc[k % 4], _mm512_load_ps(s + 16 * (c + k * READ_RUN + j)));
+        for (size_t i = c; i < hi; i++) /* (the lines left over) */
             acc[i % 4] = _mm512_add_ps(acc[i % 4], _mm512_load_ps(s + 16 * i));
-        }
         total += (double)_mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 #else
-        for (size_t i = lo; i < hi; i++) {
-            __builtin_prefetch((const char *)(s + 16 * i) + 2048, 0, 1);
+        for (; c + READ_STREAMS * READ_RUN <= hi; c += READ_STREAMS * READ_RUN)
+            for (size_t j = 0; j < READ_RUN; j++)
+                for (size_t k = 0; k < READ_STREAMS; k++) {
+                    float part = 0.0f;
+                    for (int l = 0; l < 16; l++) part += s[16 * (c + k * READ_RUN + j) + l];
+                    total += part;
+                }
+        for (size_t i = c; i < hi; i++) {
             float part = 0.0f;
             for (int l = 0; l < 16; l++) part += s[16 * i + l];
             total += part;

@@ -91,9 +91,9 @@ def copier(nbytes: int) -> Callable[[], float]:
 
 def reader(nbytes: int) -> Callable[[], float]:
     """A read of ``nbytes`` (a multiple of 64) from a 64-byte aligned array made here: each call
-    returns the seconds of the fastest of benchmarks/stream_read (the OpenMP threads, prefetching
-    into L2) and PyTorch's ``sum`` (its threads). The ceiling of a pass that only reads, which on the
-    Zen 5 VM stayed at 70-75% of the copy's bandwidth (bytes read + written) of :func:`copier`."""
+    returns the seconds of the fastest of benchmarks/stream_read (the OpenMP threads, 8 streams
+    each) and PyTorch's ``sum`` (its threads). The ceiling of a pass that only reads: on the Zen 5
+    VM 70-75% of the copy's bandwidth (bytes read + written) of :func:`copier`."""
     import ctypes
 
     import numpy as np

@@ -23,7 +23,7 @@ def test_the_streaming_copy_copies_every_byte():
     lib = timing._stream_copy_lib()
     assert lib is not None  # (gcc is part of what the repository needs)
     rng = np.random.default_rng(0)
-    for n in (64, 4096, (1 << 20) + 192):
+    for n in (64, 4096, (1 << 20) + 192, (5 << 20) + 4160):  # (the last: several runs of 8 streams a thread)
         src = aligned_zeros((n,), np.uint8, align=64)
         src[:] = rng.integers(0, 256, n, dtype=np.uint8)
         dst = aligned_zeros((n + 64,), np.uint8, align=64)
@@ -37,7 +37,7 @@ def test_the_streaming_read_reads_every_float():
     lib = timing._stream_copy_lib()
     assert lib is not None
     rng = np.random.default_rng(1)
-    for n in (64, 4096, (1 << 20) + 192):
+    for n in (64, 4096, (1 << 20) + 192, (5 << 20) + 4160):  # (the last: several runs of 8 streams a thread)
         src = aligned_zeros((n // 4 + 16,), np.float32, align=64)
         src[:n // 4] = rng.integers(-8, 9, n // 4)
         src[n // 4:] = 1000  # (past the end: never summed)
