@@ -49,6 +49,17 @@ the same axis (distinct rows never meet).
 RMSNorm backward, 8192x4096 bf16, outputs given, 2 threads on the Zen 5 machine of
 docs/performance.md, libraries called alternately: 4.45 -> 3.72 ms while the host's copy ran at
 72-78 GB/s; 4.25 -> 4.30 ms (within noise) while it ran at 43-47 GB/s.
+
+Two more shapes go several rows at a time, for the misses in flight rather than the
+accumulator's traffic (each row read is a stream of its own):
+
+* a row loop of that shape that writes no caller tensor (column sums only: a sum over the middle
+  axis, BatchNorm backward's first pass, the sums of a column reduction's 32-row partials) runs
+  ``READ_STREAMS // (tensors a row reads)`` rows an iteration (:func:`rows_per_iteration`);
+  combine-accums then reads and writes each accumulator element once for all of them;
+* a parallel row loop whose body is one column loop reading column vectors and writing rows of
+  caller tensors (BatchNorm backward's second pass, a bias after a GEMM) runs ``ROW_FACTOR`` rows
+  an iteration (:func:`jammable_rows`), the groups' loop parallel in its place.
 """
 
 from __future__ import annotations
@@ -66,8 +77,8 @@ from opgen.lower.cpu_map import counter_expr, independent, reads_only
 #: 4 measured slower than 2 (RMSNorm backward bf16 4.8 ms against 4.1 in the slow windows).
 FACTOR = 2
 #: a row loop that writes no caller tensor (column sums only: a sum over the middle axis,
-#: BatchNorm backward's first pass) runs this many rows of its caller tensors at once, in
-#: ``READ_STREAMS // (caller tensors a row reads)`` rows an iteration (at least ``FACTOR``): a pass
+#: BatchNorm backward's first pass) reads this many rows of tensors at once, in
+#: ``READ_STREAMS // (tensors a row reads)`` rows an iteration (at least ``FACTOR``): a pass
 #: that only reads is bound by the misses a core keeps in flight, and each row is a stream of its
 #: own (a C harness summing 128x64x4096 f32 rows into a row of 4096 sums, 2 threads on the Zen 5
 #: VM, GB/s read: 1 row a time 21-25, 2 rows 25-33, 4 rows 37-41, 8 rows 43-45; one contiguous

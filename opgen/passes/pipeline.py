@@ -82,9 +82,10 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py);
     # a nest writing rows from a transposed input walks 16x16 tiles (opgen/lower/tile_transposes.py);
     # rows whose second pass adds into column accumulators go two at a time, a loop that only
-    # sums columns 8 rows' streams at a time (opgen/lower/jam_rows.py), the rows' first passes then
-    # fused by fuse-reductions again, and their sums into one accumulator element read and written
-    # once (opgen/lower/combine_accums.py);
+    # sums columns 8 rows' streams at a time, a parallel row loop reading column vectors two rows
+    # at a time (opgen/lower/jam_rows.py), the rows' first passes then fused by fuse-reductions
+    # again, and their sums into one accumulator element read and written once
+    # (opgen/lower/combine_accums.py);
     # rows read through an index table are prefetched a few iterations ahead
     # (opgen/lower/gather_prefetch.py); an expensive function of one bf16/f16 element is looked up
     # in a table of its 65536 values (opgen/lower/tabulate.py).
