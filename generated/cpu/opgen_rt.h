@@ -673,7 +673,7 @@ __attribute__((target("avx512f"))) static inline void opgen_tr16x16(__m512i r[16
             for (; r0 + 16 <= rows; r0 += 16)                                                                 \
                 for (int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {                                             \
                     if (r0 + 32 <= rows)                                                                      \
-                        for (int p_ = 16; p_ < 32; p_++) __builtin_prefetch(s + (r0 + p_) * rs + c0, 0, 1);   \
+                        for (int p_ = 16; p_ < 32; p_++) OPGEN_PREFETCH_L2(s, (r0 + p_) * rs + c0, 0);        \
                     OPGEN_TR16_BLOCK(dt, d + c0 * ld + r0, s + r0 * rs + c0);                                 \
                 }                                                                                             \
         const int64_t c1 = OPGEN_TR16 && cs == 1 ? cols - cols % 16 : 0;                                      \

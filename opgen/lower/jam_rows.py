@@ -110,14 +110,30 @@ def _accumulators(loop: s.ForOp, second: s.ForOp) -> set[SSAValue] | None:
     return accs
 
 
+def _column_pass(loop: s.ForOp, kind: str) -> s.ForOp | None:
+    """The last op of row loop ``loop`` of ``kind`` (bounds not read at run time) where it is an
+    :func:`independent` loop with bounds fixed for the row loop, else None."""
+    if loop.kind.data != kind or not (counter_expr(loop.lo) and counter_expr(loop.hi)):
+        return None  # (a range read at run time, a scatter-add's segment: empty-ranges' and prefetch-gathers')
+    last = loop.body.block.last_op
+    if not (isinstance(last, s.ForOp) and independent(last)
+            and s.defined_outside(loop, last.lo) and s.defined_outside(loop, last.hi)):
+        return None
+    return last
+
+
+def _rows_apart(loop: s.ForOp, bufs: set[SSAValue]) -> bool:
+    """Whether every access inside ``loop`` to ``bufs`` names its counter itself at one and the
+    same axis (distinct rows of a jammed group never meet)."""
+    axes = s.counter_axes(loop, bufs)
+    return len(axes) <= 1 and -1 not in axes
+
+
 def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
     """The second pass of a row loop this pass may jam (module docstring), else None.
     ``aliased``: the kernel's caller buffers that may share memory with another parameter."""
-    if loop.kind.data != "serial" or not (counter_expr(loop.lo) and counter_expr(loop.hi)):
-        return None  # (a range read at run time, a scatter-add's segment: empty-ranges' and prefetch-gathers')
-    second = loop.body.block.last_op
-    if not (isinstance(second, s.ForOp) and independent(second)
-            and s.defined_outside(loop, second.lo) and s.defined_outside(loop, second.hi)):
+    second = _column_pass(loop, "serial")
+    if second is None:
         return None
     accs = _accumulators(loop, second)
     if not accs:
@@ -135,8 +151,7 @@ def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
         elif isinstance(o, s.LoadOp | s.LoadBitOp | s.LoadFnOp | s.PrefetchOp | s.StoreOp | s.AccumOp):
             if o.buf in accs:
                 return None
-    axes = s.counter_axes(loop, written | aliased)  # (caller tensors every access of which must name its own row)
-    return second if len(axes) <= 1 and -1 not in axes else None
+    return second if _rows_apart(loop, written | aliased) else None
 
 
 def rows_per_iteration(loop: s.ForOp, second: s.ForOp) -> int:
@@ -156,13 +171,8 @@ def jammable_rows(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
     with bounds fixed for the row loop that reads some column vector (a rank-1 buffer at its
     counter: BatchNorm's statistics, a norm's weight), writes caller tensors only, each access to
     a written or aliased one naming the row counter itself at one axis."""
-    if loop.kind.data != "parallel" or ROW_FACTOR < 2 or not (counter_expr(loop.lo) and counter_expr(loop.hi)):
-        return None
-    ops = list(loop.body.block.ops)
-    if len(ops) != 1 or not isinstance(ops[0], s.ForOp):
-        return None
-    cols = ops[0]
-    if not (independent(cols) and s.defined_outside(loop, cols.lo) and s.defined_outside(loop, cols.hi)):
+    cols = _column_pass(loop, "parallel") if ROW_FACTOR >= 2 else None
+    if cols is None or cols is not loop.body.block.first_op:
         return None
     if any(isinstance(o, (s.IfOp, s.AccumOp, *s.OPAQUE)) for o in cols.walk()):
         return None
@@ -171,8 +181,7 @@ def jammable_rows(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
     written = s.effects(loop)[1]
     if not written or any(s.buf_type(b).role.data not in ("in", "out") for b in written):
         return None
-    axes = s.counter_axes(loop, written | aliased)
-    return cols if len(axes) == 1 and -1 not in axes else None
+    return cols if _rows_apart(loop, written | aliased) else None
 
 
 def jam(loop: s.ForOp, second: s.ForOp, factor: int) -> None:
