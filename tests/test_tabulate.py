@@ -24,6 +24,8 @@ from opgen import oracle, registry, runtime
 from opgen.emit import cpu
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.cpu_map import cpu_mapping
+from opgen.lower.sched import CpuMapping
 from opgen.lower.tabulate import THRESHOLD, cone, cost
 from tests.ops_dirs import built_ops
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
@@ -112,6 +114,23 @@ def test_only_16_bit_instances_read_tables(built):
     assert "pthread" not in (Path(built["out"]) / "cpu" / "silu_grad.c").read_text()  # type: ignore[arg-type]
 
 
+def test_rows_are_looked_up_a_strip_at_a_time(built):
+    """map-cpu staged the load of x's row (a stream loop's strip at a time) and the lookup
+    replacing it stays staged: the unit-stride 16-bit instances look a strip up at once
+    (opgen_table_load_strip, scalar loads: faster than the vectorised loop's gather) and
+    read it from the strip's array; the general-stride flavour looks up element by element."""
+    (g,) = _load_fns("gelu_grad")
+    assert cpu_mapping(g) == CpuMapping.STAGED
+    src = (Path(built["out"]) / "cpu" / "gelu_grad.c").read_text()  # type: ignore[arg-type]
+    for t in ("bf16", "f16"):
+        unit = src[src.index(f"k_gelu_grad_{t}_u("):]
+        unit = unit[:unit.index("return OPGEN_SUCCESS")]
+        assert "opgen_table_load_strip(ld" in unit and f", k_gelu_grad_{t}_tab0, &p_x[" in unit
+        general = src[src.index(f"k_gelu_grad_{t}_g("):]
+        general = general[:general.index("return OPGEN_SUCCESS")]
+        assert "opgen_table_load_strip" not in general and f"k_gelu_grad_{t}_tab0[p_x[" in general
+
+
 def _every_value(t: str, rows: int = 64) -> np.ndarray:
     """Every bit pattern of a 16-bit float, as (rows, 65536 / rows)."""
     return np.arange(65536, dtype=np.uint16).view(NP16[t]).reshape(rows, -1)
@@ -139,6 +158,10 @@ def test_lookups_give_the_bits_of_the_function_computed_in_place(built, rng, t):
     xs, gs = np.asfortranarray(x), np.asfortranarray(g)  # (last dim strided: the general flavour)
     strided = runtime.call("gelu_grad", lib=lib, grad=gs, x=xs)["dx"]
     assert np.array_equal(np.asarray(strided).view(np.uint16), got.view(np.uint16))
+    for lo, hi in ((3, 1000), (1, 66), (0, 63), (5, 36)):  # (rows of odd lengths and starts: strips, peels, tails)
+        part = runtime.call("gelu_grad", lib=lib, grad=g[:, lo:hi], x=x[:, lo:hi])["dx"]
+        assert np.array_equal(np.asarray(part).view(np.uint16)[~nan[:, lo:hi]],
+                              got[:, lo:hi].view(np.uint16)[~nan[:, lo:hi]])
 
 
 def test_runtime_scalars_and_row_sums_around_a_lookup(built, rng):

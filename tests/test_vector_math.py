@@ -102,6 +102,32 @@ def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path, name: str, e
     assert int(vector_path) == path
 
 
+def _table_builds() -> list[tuple[str, tuple[str, ...], int]]:
+    """(name, extra flags, the vector path table_strip_check must report) for each strip lookup
+    this machine can run: as the library is built, without AVX-512, and without SSE4.1."""
+    native = 2 if cpu_flag("avx512f") else 1 if cpu_flag("sse4_1") else 0
+    builds = [("native", (), native)]
+    if native == 2 and cpu_flag("sse4_1"):
+        builds.append(("sse4.1", ("-mno-avx512f",), 1))
+    if native:
+        builds.append(("scalar", ("-mno-sse4.1",), 0))
+    return builds
+
+
+@pytest.mark.parametrize(("name", "extra", "path"), _table_builds(), ids=[b[0] for b in _table_builds()])
+def test_strip_lookups_are_the_plain_lookups(tmp_path: Path, name: str, extra: tuple[str, ...], path: int) -> None:
+    """opgen_table_load_strip (map-cpu's staged lookups of a bf16/f16 row in a table of f32
+    values: opgen/lower/tabulate.py) gives the bits of tab[src[l]] for every 16-bit index,
+    strips of 1 to 64 elements at every alignment, and writes nothing past its strip, on
+    every vector path this machine runs (tests/c/table_strip_check.c)."""
+    exe = _build(Path(__file__).parent / "c" / "table_strip_check.c", tmp_path / f"table_strip_check_{name}", extra)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    checked, bad, vector_path = r.stdout.split()
+    assert int(checked) > 65536 * 64 and int(bad) == 0
+    assert int(vector_path) == path
+
+
 F16 = Path(__file__).parent / "c" / "f16_check.c"
 
 

@@ -141,6 +141,9 @@ class CPrinter:
     #: instructions already), and bool masks: GCC 12 vectorises a strip of 16 lanes mixing
     #: 1-byte flags with 4-byte values in 8-byte vectors (13x slower than the flags widened first)
     STRIP_LOAD: ClassVar[dict[str, str]] = {"f16": "opgen_f16_load_strip", "bool": "opgen_bool_load_strip"}
+    #: a staged ``sched.load_fn`` looked up in a table (``TABULATED`` dtypes; the table of f32
+    #: values): the strip's lookups by scalar loads (opgen/lower/cpu_map.py :func:`staged_loads`)
+    TABLE_STRIP_LOAD = "opgen_table_load_strip"
     #: ... and of one whose value is the same all along the loop (a row of zeros): a fill
     FILL_STRIP: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_fill_strip", "f32": "opgen_f32_fill_strip",
                                             "f16": "opgen_f16_fill_strip"}
@@ -515,6 +518,9 @@ class CPrinter:
     def load_fn(self, op: s.LoadFnOp) -> None:
         """``sched.load_fn``: a lookup (:meth:`table`) where the element's dtype is one of
         ``TABULATED``, else its region in place on the element as ``sched.load`` reads it."""
+        if op in self.staged_loads:  # (inside its stream loop's strip, looked up already)
+            self.define(op.result, f"{self.staged_loads[op]}[{self.strip_lane}]")
+            return
         if self.dtype(s.buf_type(op.buf).dtype).name in self.TABULATED:
             self.define(op.result, f"{self.table(op)}[{self.elem_ref(op.buf, list(op.idx))}]")
             return
@@ -618,12 +624,18 @@ class CPrinter:
             return False
         return cpu_mapping(op) == CpuMapping.NONTEMPORAL or (cpu_mapping(op) == CpuMapping.STAGED and name == "bf16")
 
-    def staged_load(self, op: s.LoadOp) -> bool:
+    def staged_load(self, op: s.LoadOp | s.LoadFnOp) -> bool:
         """Whether a load of a stream loop is printed through a staging strip: map-cpu's
-        ``staged`` loads of a dtype with a strip load (``STRIP_LOAD``) from a row of unit stride
-        in this instance."""
+        ``staged`` loads of a dtype with a strip load (``STRIP_LOAD``), and its staged
+        ``sched.load_fn`` ops looked up in a table of f32 values (``TABULATED``), from a row of
+        unit stride in this instance."""
         b = s.buf_type(op.buf)
-        return cpu_mapping(op) == CpuMapping.STAGED and self.dtype(b.dtype).name in self.STRIP_LOAD \
+        name = self.dtype(b.dtype).name
+        if isinstance(op, s.LoadFnOp):
+            known = name in self.TABULATED and self.ctype(ir.tensor_type(op.result).dtype) == "float"
+        else:
+            known = name in self.STRIP_LOAD
+        return cpu_mapping(op) == CpuMapping.STAGED and known \
             and self.unit_axis(self.arg_of[op.buf], b.rank - 1, b.rank)
 
     def loop_footer_hook(self, op: s.ForOp) -> None:
@@ -657,14 +669,17 @@ class CPrinter:
                 continue
             self.staged[st] = self.fresh("stg")
             self.line(f"_Alignas(64) {self.ctype(ir.tensor_type(st.value).dtype)} {self.staged[st]}[{n * k}];")
-        for ld in (o for o in rest if isinstance(o, s.LoadOp) and self.staged_load(o)):
+        for ld in (o for o in rest if isinstance(o, s.LoadOp | s.LoadFnOp) and self.staged_load(o)):
             name = self.fresh("ld")
             self.line(f"_Alignas(64) float {name}[{n * k}];")
             for c, start in enumerate(starts):
                 self.names[op.iv] = start
                 dst = f"{name} + {c * n}" if c else name
-                self.line(f"{self.STRIP_LOAD[self.dtype(s.buf_type(ld.buf).dtype).name]}({dst}, "
-                          f"&{self.elem_ref(ld.buf, list(ld.idx))}, {n});")
+                src = f"&{self.elem_ref(ld.buf, list(ld.idx))}"
+                if isinstance(ld, s.LoadFnOp):
+                    self.line(f"{self.TABLE_STRIP_LOAD}({dst}, {self.table(ld)}, {src}, {n});")
+                else:
+                    self.line(f"{self.STRIP_LOAD[self.dtype(s.buf_type(ld.buf).dtype).name]}({dst}, {src}, {n});")
             self.names[op.iv] = iv
             self.staged_loads[ld] = name
         self.simd_hook()

@@ -306,7 +306,7 @@ def staged_stores(op: s.ForOp) -> list[s.StoreOp]:
             and s.buf_type(st.buf).role.data in ("in", "out") and _along_row(op, list(st.idx))]
 
 
-def staged_loads(op: s.ForOp) -> list[s.LoadOp]:
+def staged_loads(op: s.ForOp) -> list[s.LoadOp | s.LoadFnOp]:
     """The loads of a ``stream`` loop ``op`` it stages: from caller tensors of rank 2 or more,
     indexed by ``op``'s counter last and nowhere else, by values from outside it before (a strip's
     values are consecutive elements of one row, known before the strip), ahead of every store
@@ -314,7 +314,10 @@ def staged_loads(op: s.ForOp) -> list[s.LoadOp]:
     load then reads no element an earlier iteration's store may have written: at most its own
     element, which a store of its own iteration writes after it). An instance whose bound dtype
     has a block conversion in the printer's table (f16: ``vcvtph2ps``) widens a strip at a time
-    before the strip's arithmetic; others load each value as it comes."""
+    before the strip's arithmetic; others load each value as it comes. A ``sched.load_fn`` of such
+    a row is staged too: an instance that looks it up in a table (bf16, f16: opgen/lower/tabulate.py)
+    looks up a strip at a time (``opgen_table_load_strip``: scalar loads, which the Zen 5 machine
+    runs faster than the vectorised loop's gather)."""
     def caller(o: Operation) -> bool:
         return isinstance(o, s.StoreOp | s.AccumOp) and s.buf_type(o.buf).role.data in ("in", "out")
 
@@ -322,7 +325,7 @@ def staged_loads(op: s.ForOp) -> list[s.LoadOp]:
     if any(caller(o) and (o.parent_op() is not op or not _along_row(op, list(o.idx))) for o in op.walk()):
         return []
     first = next((i for i, o in enumerate(body) if caller(o)), len(body))
-    return [ld for ld in body[:first] if isinstance(ld, s.LoadOp)
+    return [ld for ld in body[:first] if isinstance(ld, s.LoadOp | s.LoadFnOp)
             and s.buf_type(ld.buf).role.data in ("in", "out") and _along_row(op, list(ld.idx))
             and all(s.defined_outside(op, i) for i in ld.idx[:-1])]
 

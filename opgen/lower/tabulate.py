@@ -14,12 +14,18 @@ constants alone. A cone value used outside the cone (a *root*) whose ops cost at
 the root's ops, cloned into the op's isolated region. The ops no longer used go. The C printer
 (opgen/emit/cpu.py) prints a ``sched.load_fn`` of a 16-bit element as a lookup into a table
 built on first use, and of any other element (the f32 instance of the same kernel) as its
-region in place: the f32 code does not change.
+region in place: the f32 code does not change. A load that map-cpu staged (a stream loop's row,
+read a strip at a time) passes that on to its ``sched.load_fn`` where the lookup may be staged
+too (:func:`~opgen.lower.cpu_map.staged_loads`): the printer then looks up a strip at a time
+(``opgen_table_load_strip``).
 
 The costs were measured on the Zen 5 machine of docs/performance.md (a loop of 32 bf16 elements
 a strip, one thread, data in L1): a table lookup costs about 14 cycles per 16 lanes, so only
 functions of at least 1.5 times that are looked up (GELU backward's 27; SiLU's sigmoid, 12, and
-a lone exp, 9, are not: computing them is cheaper).
+a lone exp, 9, are not: computing them is cheaper). A staged lookup (below) costs about 8, but
+the threshold stays: lookups of strided rows and outside stream loops are gathers still, and
+SiLU backward's two roots (the sigmoid and ``1 + x (1 - s)``) would both be looked up where
+one sigmoid computed costs less than two lookups.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from xdsl.passes import ModulePass
 from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.cpu_map import MAPPING, cpu_mapping, staged_loads
+from opgen.lower.sched import CpuMapping
 
 #: cycles per 16 lanes of each op (vectorised, the runtime's math functions; others
 #: :data:`DEFAULT_COST`); measured on the Zen 5 (module docstring). ``pow`` is libm's, per lane.
@@ -142,6 +150,9 @@ def tabulate_load(k: s.KernelOp, ld: s.LoadOp) -> int:
         outside = [u for u in root.results[0].uses if u.operation not in inside]
         for u in outside:
             u.operation.operands[u.index] = new.result
+        loop = new.parent_op()
+        if cpu_mapping(ld) == CpuMapping.STAGED and isinstance(loop, s.ForOp) and new in staged_loads(loop):
+            new.attributes[MAPPING] = ld.attributes[MAPPING]  # (looked up a strip at a time, as it was loaded)
         done += 1
     if done:
         for o in reversed([ld, *ops]):
