@@ -1382,6 +1382,23 @@ def test_transposed_reads_walk_tiles(built):
     assert list(tt.idx) == [j0, i0] and tt.rows.owner.rhs is j0 and tt.cols.owner.rhs is i0
     assert s.buf_type(tt.dst).role.data == "local" and list(s.buf_type(tt.dst).shape) == [str(n) for n in STAGED_TILE]
     assert ld.buf is tt.dst and [(v.owner.lhs, v.owner.rhs) for v in ld.idx] == [(rows.iv, i0), (cols.iv, j0)]
+    # the next tile (t + 1, the last tile's own) into L2 while the rows are written: share i - i0 of
+    # i1 - i0 a row, at the head of the row loop
+    (ps,) = [o for o in m.walk() if isinstance(o, s.PrefetchShareOp)]
+    assert ps.parent_op() is rows and ps.buf is tt.src
+    assert (ps.part.owner.lhs, ps.part.owner.rhs) == (rows.iv, i0) and ps.parts.owner.lhs is rows.hi
+    nj0, ni0 = ps.idx
+    ntj, nti = nj0.owner.lhs.owner, ni0.owner.lhs.owner
+    nxt = ntj.lhs.owner
+    assert isinstance(nxt, ir.MinOp) and nxt.lhs.owner.lhs is t.iv and ir.constant_int(nxt.lhs.owner.rhs) == 1
+    assert nxt.rhs.owner.lhs is t.hi and ntj.rhs is n_i and nti.lhs is nxt.result
+    assert ps.rows.owner.rhs is nj0 and ps.cols.owner.rhs is ni0
+    src = (Path(built["out"]) / "cpu" / "transpose_scale.c").read_text()
+    for t_ in ("f32", "bf16", "f16"):  # (the unit-stride flavour issues it; the general one does not)
+        unit = src[src.index(f"k_transpose_scale_{t_}_u("):]
+        general = src[src.index(f"k_transpose_scale_{t_}_g("):]
+        assert "opgen_prefetch_share(p_x + " in unit[:unit.index("return OPGEN_SUCCESS")]
+        assert "opgen_prefetch_share" not in general[:general.index("return OPGEN_SUCCESS")]
 
 
 @pytest.mark.parametrize("T", ["f32", "bf16"])
@@ -1405,8 +1422,9 @@ def test_transposed_tiles_split_over_threads(built, rng, T, shape):
 
 @pytest.mark.parametrize("name", ["transpose_scale", "token_sum"])
 def test_staged_tiles_and_l2_prefetches_print_and_parse_back(built, name):
-    """The CPU pipeline's IR with ``sched.transpose_tile`` (transpose_scale) and ``sched.prefetch
-    ... l2`` (token_sum) prints in their assembly formats and parses back to the same text."""
+    """The CPU pipeline's IR with ``sched.transpose_tile`` and ``sched.prefetch_share``
+    (transpose_scale) and ``sched.prefetch ... l2`` (token_sum) prints in their assembly formats and
+    parses back to the same text."""
     from xdsl.parser import Parser
 
     from opgen.passes import pipeline
@@ -1414,7 +1432,8 @@ def test_staged_tiles_and_l2_prefetches_print_and_parse_back(built, name):
     m = built["ops"][name].module()
     pipeline.run(m, "cpu")
     text = str(m)
-    assert ("sched.transpose_tile " if name == "transpose_scale" else " l2 ") in text
+    assert all(w in text for w in (("sched.transpose_tile ", "sched.prefetch_share ") if name == "transpose_scale"
+                                   else (" l2 ",)))
     again = Parser(pipeline.context(), text).parse_module()
     again.verify()
     assert str(again) == text
@@ -1432,7 +1451,7 @@ def test_unstaged_transposed_reads_in_square_tiles(built, rng, shape):
     assert np.array_equal(got, (x * 2).T)
     m = built["ops"]["transpose_f64"].module()
     pipeline.run(m, "cpu", until="tile-transposes")
-    assert not [o for o in m.walk() if isinstance(o, s.TransposeTileOp)]
+    assert not [o for o in m.walk() if isinstance(o, s.TransposeTileOp | s.PrefetchShareOp)]
     (ld,) = [o for o in m.walk() if isinstance(o, s.LoadOp)]
     rows, cols = ld.parent_op().parent_op(), ld.parent_op()
     assert list(ld.idx) == [cols.iv, rows.iv]

@@ -128,6 +128,29 @@ def test_strip_lookups_are_the_plain_lookups(tmp_path: Path, name: str, extra: t
     assert int(vector_path) == path
 
 
+def test_prefetch_shares_name_each_line_of_the_block_once(tmp_path: Path) -> None:
+    """opgen_prefetch_share (tile-transposes' next tile, a share a row; sched.prefetch_share), its
+    hints recorded: the shares of a block together name each of its lines once, in order, none
+    outside it, for row lengths around a line, strides of both signs and 1 to 5000 shares; out-of-
+    range shares name none (tests/c/prefetch_share_check.c). And the C compiler keeps the
+    prefetches of the real hint (GCC 12 deletes a loop of prefetches alone)."""
+    exe = _build(Path(__file__).parent / "c" / "prefetch_share_check.c", tmp_path / "prefetch_share_check")
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    checked, bad = r.stdout.split()
+    assert int(checked) > 10000 and int(bad) == 0
+    src = tmp_path / "share.c"
+    src.write_text("#include \"opgen_rt.h\"\n"
+                   "void f(const float *p, int64_t rs, int64_t rows, int64_t cols, int64_t n) {\n"
+                   "    for (int64_t i = 0; i < n; i++) opgen_prefetch_share(p, rs, rows, cols, i, n);\n}\n")
+    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
+    asm = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", "-S", "-o", "-", str(src)],
+                         capture_output=True, text=True)
+    assert asm.returncode == 0, asm.stderr
+    if cpu_flag("sse"):  # (x86: prefetcht2; elsewhere the builtin may be dropped by design)
+        assert "prefetcht2" in asm.stdout
+
+
 F16 = Path(__file__).parent / "c" / "f16_check.c"
 
 

@@ -476,6 +476,8 @@ class CPrinter:
             self.pack(op)
         elif isinstance(op, s.TransposeTileOp):
             self.transpose_tile(op)
+        elif isinstance(op, s.PrefetchShareOp):
+            self.prefetch_share(op)
         elif isinstance(op, s.PrefetchOp):
             macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH_L2" if op.l2 is not None \
                 else "OPGEN_PREFETCH"
@@ -908,6 +910,19 @@ class CPrinter:
         self.line(f"opgen_{self.dtype(b.dtype).name}_transpose_tile({self.name(op.dst)}, {self.extents(op.dst)[1]}, "
                   f"{self.name(op.src)} + {self.offset(op.src, list(op.idx))}, {strides[0]}, {strides[1]}, "
                   f"{self.name(op.rows)}, {self.name(op.cols)});")
+
+    def prefetch_share(self, op: s.PrefetchShareOp) -> None:
+        """sched.prefetch_share: the runtime's ``opgen_prefetch_share`` over the block's rows (the
+        caller's stride of the second-to-last axis, in bytes) where its last axis is unit-stride in
+        this instance; elsewhere nothing (a hint)."""
+        b, pn = s.buf_type(op.buf), self.arg_of[op.buf]
+        if not self.unit_axis(pn, b.rank - 1, b.rank):
+            self.line(" ".join(f"(void){self.name(v)};" for v in (*op.idx, op.rows, op.cols, op.part, op.parts)))
+            return
+        size = f"(int64_t)sizeof({self.storage_ctype(b)})"
+        self.line(f"opgen_prefetch_share({self.name(op.buf)} + {self.offset(op.buf, list(op.idx))}, "
+                  f"{self.stride_expr(pn, b.rank - 2, b.rank)} * {size}, {self.name(op.rows)}, "
+                  f"{self.name(op.cols)} * {size}, {self.name(op.part)}, {self.name(op.parts)});")
 
     def gemm_operand(self, x: SSAValue, trans: int) -> GemmOperand | None:
         """2-D buffer ``x`` as the runtime GEMMs read it (``trans``: as its transpose): storage

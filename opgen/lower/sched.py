@@ -558,6 +558,36 @@ class PrefetchOp(IRDLOperation):
 
 
 @irdl_op_definition
+class PrefetchShareOp(IRDLOperation):
+    """A hint that a block of ``buf`` will be read soon: share ``part`` of ``parts`` (equal
+    shares, in order) of the cache lines of the ``rows`` x ``cols`` block whose first element is
+    ``buf[idx...]`` (its rows along the second-to-last axis, its columns along the last), into
+    the core's second-level cache. A loop of ``parts`` iterations issuing share ``i`` in its
+    iteration ``i`` brings the whole block in while it works (tile-transposes: the next tile's
+    rows of ``x`` while the current tile's rows of ``y`` are written). Like ``sched.prefetch`` it
+    reads nothing, never faults, and may be dropped."""
+
+    name = "sched.prefetch_share"
+    buf = operand_def(BufType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
+    rows = operand_def(EqAttrConstraint(INDEX))
+    cols = operand_def(EqAttrConstraint(INDEX))
+    part = operand_def(EqAttrConstraint(INDEX))
+    parts = operand_def(EqAttrConstraint(INDEX))
+    traits = traits_def(MemoryReadEffect())
+    assembly_format = ("$buf `[` $idx `]` `,` $rows `x` $cols `share` $part `of` $parts attr-dict `:` type($buf)")
+
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], rows: SSAValue, cols: SSAValue, part: SSAValue,
+                 parts: SSAValue):
+        super().__init__(operands=[buf, idx, rows, cols, part, parts])
+
+    def verify_(self) -> None:
+        _check_indices(self, self.buf, self.idx)
+        if buf_type(self.buf).rank < 2:
+            raise VerifyException("sched.prefetch_share: a block of a rank >= 2 buffer")
+
+
+@irdl_op_definition
 class LoadBitOp(IRDLOperation):
     """Flag ``i`` of a mask buffer: bit ``i % 8`` of byte ``i / 8`` (u8) or element ``i`` (bool)."""
 
@@ -865,7 +895,7 @@ class TransposeTileOp(IRDLOperation):
 #: loop's elementwise body (fuse-siblings, column-strips, tile-transposes, jam-rows, map-cpu's
 #: vector loops) leave a loop holding one as it is
 OPAQUE: tuple[type[IRDLOperation], ...] = (RequireOp, SegmentsOp, SegmentStartOp, BufferMatmulOp, PackOp,
-                                           TransposeTileOp)
+                                           TransposeTileOp, PrefetchShareOp)
 
 
 def scalar_accums(loop: ForOp) -> list[AccumOp]:
@@ -921,7 +951,7 @@ def counter_axes(loop: ForOp, bufs: set[SSAValue], counter: SSAValue | None = No
     return axes
 
 
-Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, LoadFnOp, YieldOp, PrefetchOp, LoadBitOp,
-                          FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp,
-                          PackOp, TransposeTileOp, BarrierOp, SegWordsOp],
+Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, LoadFnOp, YieldOp, PrefetchOp, PrefetchShareOp,
+                          LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp, SegmentStartOp, RequireOp,
+                          BufferMatmulOp, PackOp, TransposeTileOp, BarrierOp, SegWordsOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])
