@@ -155,6 +155,22 @@ def _stage(loads: list[s.LoadOp], tile: tuple[SSAValue, SSAValue], spans: tuple[
     return out
 
 
+Spans = tuple[tuple[SSAValue, SSAValue], tuple[SSAValue, SSAValue]]
+
+
+def _tile(t: SSAValue, n_i: SSAValue, tile: tuple[SSAValue, SSAValue], his: tuple[SSAValue, SSAValue],
+          block_ops: list[Operation]) -> Spans:
+    """Tile number ``t``'s spans ``((i0, i1), (j0, j1))``, numbered row-major (its row of tiles
+    ``tj = t / n_i``, its column ``ti = t - tj * n_i``), its ops appended to ``block_ops``."""
+    tj = ir.DivOp(t, n_i)
+    tj_n = ir.MulOp(tj.result, n_i)
+    ti = ir.SubOp(t, tj_n.result)
+    block_ops.extend([tj, tj_n, ti])
+    j = _span(block_ops, his[1], tj.result, tile[1])
+    i = _span(block_ops, his[0], ti.result, tile[0])
+    return i, j
+
+
 def _prefetch_next(t: s.ForOp, n_i: SSAValue, n_tiles: SSAValue, tile: tuple[SSAValue, SSAValue],
                    his: tuple[SSAValue, SSAValue], span_i: tuple[SSAValue, SSAValue], head: list[Operation],
                    rows: s.ForOp) -> None:
@@ -166,12 +182,8 @@ def _prefetch_next(t: s.ForOp, n_i: SSAValue, n_tiles: SSAValue, tile: tuple[SSA
     after = ir.AddOp(t.iv, one.result)
     final = ir.SubOp(n_tiles, one.result)
     nxt = ir.MinOp(after.result, final.result)
-    tj = ir.DivOp(nxt.result, n_i)
-    tj_n = ir.MulOp(tj.result, n_i)
-    ti = ir.SubOp(nxt.result, tj_n.result)
-    ops: list[Operation] = [one, after, final, nxt, tj, tj_n, ti]
-    j0, j1 = _span(ops, his[1], tj.result, tile[1])
-    i0, i1 = _span(ops, his[0], ti.result, tile[0])
+    ops: list[Operation] = [one, after, final, nxt]
+    (i0, i1), (j0, j1) = _tile(nxt.result, n_i, tile, his, ops)
     n_rows, n_cols = ir.SubOp(j1, j0), ir.SubOp(i1, i0)
     part, parts = ir.SubOp(rows.iv, span_i[0]), ir.SubOp(span_i[1], span_i[0])
     head.extend([*ops, n_rows, n_cols, parts])
@@ -194,12 +206,8 @@ def _rewrite(k: s.KernelOp, p: s.ForOp, q: s.ForOp) -> None:
     n_tiles = ir.MulOp(_tiles(q.hi, tile_j.result, where), n_i)
     Rewriter.insert_op(n_tiles, where)
     t = s.ForOp(zero.result, n_tiles.result, "parallel", "t")
-    tj = ir.DivOp(t.iv, n_i)  # (row-major: the tile's row tj, its column ti)
-    tj_n = ir.MulOp(tj.result, n_i)
-    ti = ir.SubOp(t.iv, tj_n.result)
-    head: list[Operation] = [tj, tj_n, ti]
-    j0, j1 = _span(head, q.hi, tj.result, tile_j.result)
-    i0, i1 = _span(head, p.hi, ti.result, tile_i.result)
+    head: list[Operation] = []
+    (i0, i1), (j0, j1) = _tile(t.iv, n_i, (tile_i.result, tile_j.result), (p.hi, q.hi), head)
     staged = _stage(loads, (tile_i.result, tile_j.result), ((i0, i1), (j0, j1)), t, head) if loads else {}
     rows = s.ForOp(i0, i1, "serial", "i")
     cols = s.ForOp(j0, j1, "parallel", "j")
