@@ -682,8 +682,9 @@ def test_streaming_stores_give_the_same_bits(built, rng, tmp_path, T):
     once) the results are bitwise those of the cached stores (small outputs: never streaming), on
     2 threads, for outputs 64-byte aligned and not (whose rows run one element at a time up to a
     line, and whose strips that are no whole line fall back to plain stores), rows
-    around the strip of 16 and 32: GELU backward, LayerNorm backward, and the seeds embedding and
-    RMSNorm backward."""
+    around the strip of 16 and 32: GELU backward, LayerNorm backward, the seeds embedding and
+    RMSNorm backward, and a transpose (every input counts as larger than the cache too: its tiles
+    prefetch the next one, sched.prefetch_share)."""
     import pickle
 
     from opgen import registry
@@ -705,6 +706,9 @@ def test_streaming_stores_give_the_same_bits(built, rng, tmp_path, T):
         cases.append((seeds, "embedding_dense_backward",
                       {"grad": g, "indices": idx, "num_weights": 7, "scale_grad_by_freq": n % 2 == 1},
                       {"out": ((7, n), x.dtype)}))
+    for shape in ((5, 33), (300, 1030)):  # (every input "large": the next tiles prefetched too, several tiles)
+        x = rounded(rng.standard_normal(shape), T)
+        cases.append((newops, "transpose_scale", {"x": x}, {"y": (shape[::-1], x.dtype)}))
     env = {**os.environ, "OMP_NUM_THREADS": "2", "OMP_DYNAMIC": "false",
            "PYTHONPATH": str(registry.REPO_ROOT)}
     for i, (lib, op, args, outs) in enumerate(cases):
@@ -1397,7 +1401,9 @@ def test_transposed_reads_walk_tiles(built):
     for t_ in ("f32", "bf16", "f16"):  # (the unit-stride flavour issues it; the general one does not)
         unit = src[src.index(f"k_transpose_scale_{t_}_u("):]
         general = src[src.index(f"k_transpose_scale_{t_}_g("):]
-        assert "opgen_prefetch_share(p_x + " in unit[:unit.index("return OPGEN_SUCCESS")]
+        unit = unit[:unit.index("return OPGEN_SUCCESS")]  # (in a call whose x is at least the last-level cache)
+        assert "const int big_p_x = opgen_sz_mul(" in unit and ">= opgen_nt_bytes();" in unit
+        assert "if (big_p_x) opgen_prefetch_share(p_x + " in unit
         assert "opgen_prefetch_share" not in general[:general.index("return OPGEN_SUCCESS")]
 
 

@@ -175,6 +175,9 @@ class CPrinter:
         #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
         self.nt: dict[SSAValue, str] = {}
         self.kz: dict[SSAValue, str] = {}  # outputs with zero_fill stores -> their known-zero flag
+        #: the flags of the inputs ``sched.prefetch_share`` fetches: whether the input is at least
+        #: the last-level cache in this call (``opgen_nt_bytes``), where the hints pay
+        self.big: dict[SSAValue, str] = {}
         self.first: list[str] = []  # statements the function body starts with (a target's one-time set-up)
         # workspace temps and per-thread scratch: (name, ctype, count, saturating count)
         self.scratch: list[tuple[str, str, str, str]] = []
@@ -914,13 +917,15 @@ class CPrinter:
     def prefetch_share(self, op: s.PrefetchShareOp) -> None:
         """sched.prefetch_share: the runtime's ``opgen_prefetch_share`` over the block's rows (the
         caller's stride of the second-to-last axis, in bytes) where its last axis is unit-stride in
-        this instance; elsewhere nothing (a hint)."""
+        this instance, in a call whose input is at least the last-level cache (:meth:`share_flags`);
+        elsewhere nothing (a hint)."""
         b, pn = s.buf_type(op.buf), self.arg_of[op.buf]
         if not self.unit_axis(pn, b.rank - 1, b.rank):
             self.line(" ".join(f"(void){self.name(v)};" for v in (*op.idx, op.rows, op.cols, op.part, op.parts)))
             return
         size = f"(int64_t)sizeof({self.storage_ctype(b)})"
-        self.line(f"opgen_prefetch_share({self.name(op.buf)} + {self.offset(op.buf, list(op.idx))}, "
+        self.line(f"if ({self.mention(self.big[op.buf])}) "
+                  f"opgen_prefetch_share({self.name(op.buf)} + {self.offset(op.buf, list(op.idx))}, "
                   f"{self.stride_expr(pn, b.rank - 2, b.rank)} * {size}, {self.name(op.rows)}, "
                   f"{self.name(op.cols)} * {size}, {self.name(op.part)}, {self.name(op.parts)});")
 
@@ -999,6 +1004,24 @@ class CPrinter:
         """Emitted before a matmul's loop over rows (OpenMP on the CPU, where map-cpu says)."""
 
     # ------------------------------------------------------------------ function
+    def share_flags(self) -> None:
+        """For each input a ``sched.prefetch_share`` fetches, whether it is at least the
+        last-level cache in this call (``opgen_nt_bytes``, a saturating count of its elements'
+        bytes): a smaller one is in cache already, where the hints only cost (transposes of
+        1024x1024: a third more time)."""
+        names = {a: n.data for n, a in zip(self.k.arg_names.data, self.k.body.block.args, strict=True)}
+        for op in self.k.walk():
+            if not isinstance(op, s.PrefetchShareOp) or op.buf in self.big:
+                continue
+            t = s.buf_type(op.buf)
+            count = "(size_t)1"
+            for d in t.shape:
+                count = f"opgen_sz_mul({count}, opgen_sz_dim({self.dim(d)}))"
+            flag = f"big_{cnames.local(names[op.buf])}"
+            self.big[op.buf] = flag
+            size = f"opgen_sz_mul({count}, sizeof({self.storage_ctype(t)}))"
+            self.line(f"const int {flag} = {size} >= opgen_nt_bytes(); (void){flag};")
+
     def stream_flags(self) -> None:
         """For each output with ``nontemporal`` stores, whether they stream in this call
         (``opgen_nt`` of its data and bytes, a saturating count), and, where some of them are
@@ -1094,6 +1117,7 @@ class CPrinter:
             pre = self.lines
             self.lines = []
         self.stream_flags()
+        self.share_flags()
         self.walk(iter(self.k.body.block.ops))
         body = ["    " + x for x in self.batch_rows() + self.first] + self.lines
 

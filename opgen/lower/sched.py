@@ -565,7 +565,8 @@ class PrefetchShareOp(IRDLOperation):
     the core's second-level cache. A loop of ``parts`` iterations issuing share ``i`` in its
     iteration ``i`` brings the whole block in while it works (tile-transposes: the next tile's
     rows of ``x`` while the current tile's rows of ``y`` are written). Like ``sched.prefetch`` it
-    reads nothing, never faults, and may be dropped."""
+    reads nothing, never faults, and may be dropped (the CPU printer drops it in a call whose
+    ``buf`` fits the last-level cache)."""
 
     name = "sched.prefetch_share"
     buf = operand_def(BufType)
