@@ -1004,6 +1004,15 @@ class CPrinter:
         """Emitted before a matmul's loop over rows (OpenMP on the CPU, where map-cpu says)."""
 
     # ------------------------------------------------------------------ function
+    def caller_bytes(self, buf: SSAValue) -> str:
+        """The bytes of caller's buffer ``buf``'s elements, as C: a saturating count
+        (``opgen_sz_mul``) of its dims and its storage type."""
+        t = s.buf_type(buf)
+        count = "(size_t)1"
+        for d in t.shape:
+            count = f"opgen_sz_mul({count}, opgen_sz_dim({self.dim(d)}))"
+        return f"opgen_sz_mul({count}, sizeof({self.storage_ctype(t)}))"
+
     def share_flags(self) -> None:
         """For each input a ``sched.prefetch_share`` fetches, whether it is at least the
         last-level cache in this call (``opgen_nt_bytes``, a saturating count of its elements'
@@ -1013,14 +1022,9 @@ class CPrinter:
         for op in self.k.walk():
             if not isinstance(op, s.PrefetchShareOp) or op.buf in self.big:
                 continue
-            t = s.buf_type(op.buf)
-            count = "(size_t)1"
-            for d in t.shape:
-                count = f"opgen_sz_mul({count}, opgen_sz_dim({self.dim(d)}))"
             flag = f"big_{cnames.local(names[op.buf])}"
             self.big[op.buf] = flag
-            size = f"opgen_sz_mul({count}, sizeof({self.storage_ctype(t)}))"
-            self.line(f"const int {flag} = {size} >= opgen_nt_bytes(); (void){flag};")
+            self.line(f"const int {flag} = {self.caller_bytes(op.buf)} >= opgen_nt_bytes(); (void){flag};")
 
     def stream_flags(self) -> None:
         """For each output with ``nontemporal`` stores, whether they stream in this call
@@ -1032,12 +1036,9 @@ class CPrinter:
                     and self.staged_store(op)) or op.buf in self.nt:
                 continue
             t = s.buf_type(op.buf)
-            count = "(size_t)1"
-            for d in t.shape:
-                count = f"opgen_sz_mul({count}, opgen_sz_dim({self.dim(d)}))"
             flag = f"nt_{cnames.local(names[op.buf])}"
             self.nt[op.buf] = flag
-            size = f"opgen_sz_mul({count}, sizeof({self.storage_ctype(t)}))"
+            size = self.caller_bytes(op.buf)
             self.line(f"const int {flag} = opgen_nt({self.name(op.buf)}, {size}); (void){flag};")
             info = self.buf_info[self.arg_of[op.buf]]
             if not info.batch and any(ZERO_FILL in o.attributes for o in self.k.walk()
