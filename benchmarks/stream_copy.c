@@ -40,6 +40,13 @@ void stream_copy(const void *src, void *dst, size_t n) {
 #endif
 }
 
+#if !defined(__AVX512F__)
+static float line_sum(const float *p) { /* (the 16 floats of a line) */
+    float part = 0.0f;
+    for (int l = 0; l < 16; l++) part += p[l];
+    return part;
+}
+#endif
 #define READ_STREAMS 8
 #define READ_RUN 1024 /* lines of a stream before the next READ_STREAMS runs (64 KiB) */
 double stream_read(const void *src, size_t n) {
@@ -63,16 +70,8 @@ double stream_read(const void *src, size_t n) {
 #else
         for (; c + READ_STREAMS * READ_RUN <= hi; c += READ_STREAMS * READ_RUN)
             for (size_t j = 0; j < READ_RUN; j++)
-                for (size_t k = 0; k < READ_STREAMS; k++) {
-                    float part = 0.0f;
-                    for (int l = 0; l < 16; l++) part += s[16 * (c + k * READ_RUN + j) + l];
-                    total += part;
-                }
-        for (size_t i = c; i < hi; i++) {
-            float part = 0.0f;
-            for (int l = 0; l < 16; l++) part += s[16 * i + l];
-            total += part;
-        }
+                for (size_t k = 0; k < READ_STREAMS; k++) total += line_sum(s + 16 * (c + k * READ_RUN + j));
+        for (size_t i = c; i < hi; i++) total += line_sum(s + 16 * i);
 #endif
     }
     return total;

@@ -22,13 +22,20 @@ C = Path(__file__).parent / "c" / "ulp_check.c"
 GEN = registry.REPO_ROOT / "generated"
 
 
+def _cc(*args: str) -> subprocess.CompletedProcess[str]:
+    """The C compiler run as the library is built (its flags but -fPIC) against the generated
+    runtime header, then ``args``; its run, which must succeed (stderr: the compiler's reports)."""
+    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
+    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", *args],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 def _build(src: Path, exe: Path, extra: tuple[str, ...] = ()) -> Path:
     """The C check ``src`` compiled as the library is (its flags but -fPIC, then ``extra``)
     against the generated runtime header, into ``exe``."""
-    flags = [f for f in CFLAGS if f not in ("-fPIC",)] + list(extra)
-    includes = [f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}"]
-    r = subprocess.run([compiler(), *flags, *includes, str(src), "-o", str(exe), "-lm"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    _cc(*extra, str(src), "-o", str(exe), "-lm")
     return exe
 
 
@@ -55,10 +62,7 @@ def assert_loops_vectorise(src: Path, count: int) -> None:
     compiler the library is built with vectorises (its -fopt-info report)."""
     lines = [i for i, text in enumerate(src.read_text().splitlines(), 1) if "out[i] = opgen_" in text]
     assert len(lines) == count
-    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
-    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", "-c", str(src), "-o",
-                        os.devnull, "-fopt-info-vec-optimized"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    r = _cc("-c", str(src), "-o", os.devnull, "-fopt-info-vec-optimized")
     for line in lines:
         assert any(f"{src.name}:{line}:" in x and "loop vectorized" in x for x in r.stderr.splitlines()), \
             f"line {line} of {src.name} is not vectorised:\n{r.stderr[-3000:]}"
@@ -143,10 +147,7 @@ def test_prefetch_shares_name_each_line_of_the_block_once(tmp_path: Path) -> Non
     src.write_text("#include \"opgen_rt.h\"\n"
                    "void f(const float *p, int64_t rs, int64_t rows, int64_t cols, int64_t n) {\n"
                    "    for (int64_t i = 0; i < n; i++) opgen_prefetch_share(p, rs, rows, cols, i, n);\n}\n")
-    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
-    asm = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", "-S", "-o", "-", str(src)],
-                         capture_output=True, text=True)
-    assert asm.returncode == 0, asm.stderr
+    asm = _cc("-S", "-o", "-", str(src))
     if cpu_flag("sse"):  # (x86: prefetcht2; elsewhere the builtin may be dropped by design)
         assert "prefetcht2" in asm.stdout
 

@@ -80,7 +80,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py); a loop over a run-time
     # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py);
     # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py);
-    # a nest writing rows from a transposed input walks 16x16 tiles (opgen/lower/tile_transposes.py);
+    # a nest writing rows from a transposed input walks tiles, an f32/bf16/f16 input's tile staged
+    # transposed and the next tile prefetched while the rows are written (opgen/lower/tile_transposes.py);
     # rows whose second pass adds into column accumulators go two at a time, a loop that only
     # sums columns 8 rows' streams at a time, a parallel row loop reading column vectors two rows
     # at a time (opgen/lower/jam_rows.py), the rows' first passes then fused by fuse-reductions
