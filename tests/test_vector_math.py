@@ -132,6 +132,34 @@ def test_strip_lookups_are_the_plain_lookups(tmp_path: Path, name: str, extra: t
     assert int(vector_path) == path
 
 
+def _transpose_builds() -> list[tuple[str, tuple[str, ...], int]]:
+    """(name, extra flags, the block path transpose_tile_check must report) for each staged-tile
+    transpose this machine can run: as the library is built, AVX-512 without BW, without AVX-512."""
+    native = 2 if cpu_flag("avx512bw") else 1 if cpu_flag("avx512f") else 0
+    builds = [("native", (), native)]
+    if native == 2:
+        builds.append(("no-bw", ("-mno-avx512bw",), 1))
+    if native:
+        builds.append(("no-avx512", ("-mno-avx512f",), 0))
+    return builds
+
+
+@pytest.mark.parametrize(("name", "extra", "path"), _transpose_builds(), ids=[b[0] for b in _transpose_builds()])
+def test_staged_tile_transposes_are_the_definition(tmp_path: Path, name: str, extra: tuple[str, ...],
+                                                   path: int) -> None:
+    """opgen_<dtype>_transpose_tile (sched.transpose_tile) writes d[c * ld + r] = the widened
+    s[r * rs + c * cs] bit for bit, f32, bf16 and f16 of random bits, rows and columns around the
+    in-register blocks' edges (16 x 16; 16 x 32 for bf16 with AVX512-BW), nothing outside the tile,
+    on every block path this machine runs (tests/c/transpose_tile_check.c)."""
+    src = Path(__file__).parent / "c" / "transpose_tile_check.c"
+    exe = _build(src, tmp_path / f"transpose_tile_check_{name}", extra)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    checked, bad, block_path = r.stdout.split()
+    assert int(checked) > 1_000_000 and int(bad) == 0
+    assert int(block_path) == path
+
+
 def test_prefetch_shares_name_each_line_of_the_block_once(tmp_path: Path) -> None:
     """opgen_prefetch_share (tile-transposes' next tile, a share a row; sched.prefetch_share), its
     hints recorded: the shares of a block together name each of its lines once, in order, none
