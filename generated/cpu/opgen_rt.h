@@ -660,9 +660,10 @@ static inline void opgen_f16_fill_strip(uint16_t *dst, int64_t st, float v, int 
  * to f32, for r < rows and c < cols (in blocks of 16 rows): a tile of a caller's tensor read along
  * its columns, staged so that the loop walking them reads rows. With AVX-512 a full 16 x 16 block of
  * unit column stride moves in registers: 16 row loads (widened: f16 by vcvtph2ps), four rounds of 16
- * shuffles, 16 row stores; bf16 with AVX512-BW in 16 x 32 blocks (opgen_bf16_tr16x32, below). The loop reading a column of the tensor had one scalar load
- * a row apart per element instead (8192x4096 y = 2 x^T, 2 threads, outputs given: 48 -> 60% of the
- * copy's bandwidth in f32, 18 -> 34% in bf16, with tile-transposes' longer tiles). Each block
+ * shuffles, 16 row stores; bf16 with AVX512-BW in 16 x 32 blocks (opgen_bf16_tr16x32, below). The
+ * loop reading a column of the tensor had one scalar load a row apart per element instead
+ * (8192x4096 y = 2 x^T, 2 threads, outputs given: 48 -> 60% of the copy's bandwidth in f32,
+ * 18 -> 34% in bf16, with tile-transposes' longer tiles). Each block
  * prefetches the same columns of the next 16 rows into L2 (prefetcht2): a tile reads each of its
  * rows of x for only 512 elements, too short a stream for the hardware's prefetchers (bf16
  * 8192x4096 6.2 -> 5.7 ms, 16384x1000 4.7 -> 3.6; f32 16384x1000 5.2 -> 4.5, 8192x4096 unchanged). */
