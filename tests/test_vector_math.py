@@ -39,6 +39,16 @@ def _build(src: Path, exe: Path, extra: tuple[str, ...] = ()) -> Path:
     return exe
 
 
+def _run_check(name: str, tmp_path: Path, build: str = "", extra: tuple[str, ...] = (), args: tuple[str, ...] = (),
+               timeout: int = 300) -> list[str]:
+    """The C check tests/c/``name``.c built as :func:`_build` does (``extra`` flags; ``build``
+    names the executable) and run with ``args``; it must succeed: the words it prints."""
+    exe = _build(Path(__file__).parent / "c" / f"{name}.c", tmp_path / f"{name}{'_' + build if build else ''}", extra)
+    r = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
 @pytest.fixture(scope="module")
 def checker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(C, tmp_path_factory.mktemp("ulp") / "ulp_check")
@@ -96,11 +106,8 @@ def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path, name: str, e
     pattern plus every exponent, sign and NaN payload with the rounding ties
     (tests/c/bf16_strip_check.c; OPGEN_ULP_STRIDE=1: all 2^32, checked once: no mismatch), for
     every vector path this machine runs."""
-    exe = _build(Path(__file__).parent / "c" / "bf16_strip_check.c", tmp_path / f"bf16_strip_check_{name}", extra)
-    r = subprocess.run([str(exe), os.environ.get("OPGEN_ULP_STRIDE", "997")], capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr
-    checked, bad, first, vector_path = r.stdout.split()
+    checked, bad, first, vector_path = _run_check("bf16_strip_check", tmp_path, name, extra,
+                                                  (os.environ.get("OPGEN_ULP_STRIDE", "997"),), timeout=900)
     assert int(checked) > 2**32 // 997
     assert int(bad) == 0, f"first mismatch at input bits 0x{first}"
     assert int(vector_path) == path
@@ -124,10 +131,7 @@ def test_strip_lookups_are_the_plain_lookups(tmp_path: Path, name: str, extra: t
     values: opgen/lower/tabulate.py) gives the bits of tab[src[l]] for every 16-bit index,
     strips of 1 to 64 elements at every alignment, and writes nothing past its strip, on
     every vector path this machine runs (tests/c/table_strip_check.c)."""
-    exe = _build(Path(__file__).parent / "c" / "table_strip_check.c", tmp_path / f"table_strip_check_{name}", extra)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    checked, bad, vector_path = r.stdout.split()
+    checked, bad, vector_path = _run_check("table_strip_check", tmp_path, name, extra)
     assert int(checked) > 65536 * 64 and int(bad) == 0
     assert int(vector_path) == path
 
@@ -151,11 +155,7 @@ def test_staged_tile_transposes_are_the_definition(tmp_path: Path, name: str, ex
     s[r * rs + c * cs] bit for bit, f32, bf16 and f16 of random bits, rows and columns around the
     in-register blocks' edges (16 x 16; 16 x 32 for bf16 with AVX512-BW), nothing outside the tile,
     on every block path this machine runs (tests/c/transpose_tile_check.c)."""
-    src = Path(__file__).parent / "c" / "transpose_tile_check.c"
-    exe = _build(src, tmp_path / f"transpose_tile_check_{name}", extra)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    checked, bad, block_path = r.stdout.split()
+    checked, bad, block_path = _run_check("transpose_tile_check", tmp_path, name, extra)
     assert int(checked) > 1_000_000 and int(bad) == 0
     assert int(block_path) == path
 
@@ -166,10 +166,7 @@ def test_prefetch_shares_name_each_line_of_the_block_once(tmp_path: Path) -> Non
     outside it, for row lengths around a line, strides of both signs and 1 to 5000 shares; out-of-
     range shares name none (tests/c/prefetch_share_check.c). And the C compiler keeps the
     prefetches of the real hint (GCC 12 deletes a loop of prefetches alone)."""
-    exe = _build(Path(__file__).parent / "c" / "prefetch_share_check.c", tmp_path / "prefetch_share_check")
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    checked, bad = r.stdout.split()
+    checked, bad = _run_check("prefetch_share_check", tmp_path)
     assert int(checked) > 10000 and int(bad) == 0
     src = tmp_path / "share.c"
     src.write_text("#include \"opgen_rt.h\"\n"
