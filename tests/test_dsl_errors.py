@@ -247,3 +247,44 @@ def test_primitives_outside_an_op_body():
 
     with pytest.raises(DSLError, match=r"test_dsl_errors\.py:\d+: DSL primitives can only be used"):
         exp(1.0)
+
+
+def test_tracing_under_a_profiler_keeps_the_profiler(op_files):
+    """Tracing notes the line an op body returned from with a profile function; under cProfile
+    (a profile function already set) it leaves the profiler alone: the op traces, the profiler
+    goes on recording after it, and an output error names the op's first line (its decorator)
+    instead."""
+    import cProfile
+    import pstats
+    import sys
+
+    good = HEADER + textwrap.dedent("""
+        @op
+        def twice(x: Tensor[f32, N, D], *, y: Output[f32, N, D]):
+            return {"y": x * 2.0}
+        """)
+    bad = HEADER + textwrap.dedent("""
+        @op  # <- HERE
+        def wrong_shape(x: Tensor[f32, N, D], *, y: Output[f32, V, D]):
+            return {"y": x}
+        """)
+
+    def after_tracing() -> int:
+        return 7
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        ops = op_files({"good_op.py": good})
+        assert ops["twice"].variants  # traced (an IR module per dtype binding)
+        with pytest.raises(DSLError) as e:
+            op_files({"bad_op.py": bad})["wrong_shape"].variants  # noqa: B018
+        assert after_tracing() == 7
+        still_set = sys.getprofile() is not None
+    finally:
+        prof.disable()
+    assert still_set, "tracing removed the profiler"
+    names = {fn for (_file, _line, fn) in pstats.Stats(prof).stats}  # type: ignore[attr-defined]
+    assert "after_tracing" in names, "the profiler stopped recording after tracing"
+    assert re.search(rf"bad_op.py:{marked_line(bad)}:", str(e.value)), str(e.value)
+    assert "output 'y' has shape" in str(e.value)

@@ -205,9 +205,14 @@ class OpDef:
 
 def _call_noting_return(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, str]:
     """Call the op body; also return the ``file:line`` it returned from, which messages about
-    its outputs name (they are checked once the body's frame is gone)."""
+    its outputs name (they are checked once the body's frame is gone). Under a profiler
+    (``cProfile``, ``yappi``: a profile function already set) the line is the op's first (its
+    decorator's): a profile function of ours would displace the profiler for good (a C-level
+    one, once displaced, cannot be set back from Python)."""
     code = fn.__code__
     line = [code.co_firstlineno]
+    if sys.getprofile() is not None:
+        return fn(**kwargs), f"{os.path.relpath(code.co_filename)}:{line[0]}"
 
     def note(frame: Any, event: str, arg: Any) -> None:
         if event == "return" and frame.f_code is code:
