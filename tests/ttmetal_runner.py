@@ -128,7 +128,7 @@ def main_cpp(man: dict) -> str:
         args, lines = [], []
         ndims = len(v["dims"])
         for i, d in enumerate(v["dims"]):
-            lines.append(f"        const uint32_t {d} = (uint32_t)std::strtoul(argv[{7 + i}], nullptr, 10);")
+            lines.append(f"        const uint32_t d_{d} = (uint32_t)std::strtoul(argv[{7 + i}], nullptr, 10);")
         s = 0
         if v["index_dtype_param"]:
             lines.append('        const auto index_dtype = '
@@ -138,21 +138,21 @@ def main_cpp(man: dict) -> str:
             if a["kind"] == "tensor":
                 page = a["page_size"] if isinstance(a["page_size"], int) else \
                     "32" if "converted_to" in a else "index_page"  # (PAGE_<name>: the element size)
-                lines.append(f'        auto {a["name"]} = make("{a["name"]}", {page});')
+                lines.append(f'        auto t_{a["name"]} = make("{a["name"]}", {page});')
                 if "converted_to" in a:
-                    lines.append(f'        const auto {a["name"]}_dtype = (opgen_tt::IndexType)std::atoi('
+                    lines.append(f'        const auto dtype_{a["name"]} = (opgen_tt::IndexType)std::atoi('
                                  f'std::getenv("OPGEN_TT_TYPE_{a["name"]}"));')
             else:
                 parse = {"f32": "std::strtof(argv[{i}], nullptr)", "bool": "std::atoi(argv[{i}]) != 0"}.get(
                     a["dtype"], "std::strtoll(argv[{i}], nullptr, 10)")
                 ctype = {"f32": "float", "bool": "bool"}.get(a["dtype"], "int64_t")
-                lines.append(f'        const {ctype} {a["name"]} = {parse.format(i=7 + ndims + s)};')
+                lines.append(f'        const {ctype} a_{a["name"]} = {parse.format(i=7 + ndims + s)};')
                 s += 1
-            args.append(a["name"])
+            args.append(("t_" if a["kind"] == "tensor" else "a_") + a["name"])
         if v["index_dtype_param"]:
             args.append("index_dtype")
-        args += [f'{a["name"]}_dtype' for a in v["args"] if "converted_to" in a]
-        call = f'opgen_tt::{v["function"]}(*mesh, dir, grid, {", ".join(args + v["dims"])})'
+        args += [f'dtype_{a["name"]}' for a in v["args"] if "converted_to" in a]
+        call = f'opgen_tt::{v["function"]}(*mesh, dir, grid, {", ".join(args + [f"d_{d}" for d in v["dims"]])})'
         body = "\n".join(lines)
         cases.append(f'    if (variant == "{v["variant"]}") {{\n{body}\n        rc = {call};\n    }}')
     return MAIN.replace("{cases}", "\n".join(cases))

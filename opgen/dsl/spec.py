@@ -77,9 +77,14 @@ def _dims():
 
 @dataclass(frozen=True, repr=False)
 class Dim(DimArith):
-    """A symbolic dimension, bound to a size when the op is called."""
+    """A symbolic dimension, bound to a size when the op is called. Its name is an identifier
+    (the IR, the C ABIs' messages and the generated code spell it so)."""
 
     name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise DSLError(f"a dim's name must be an identifier (letters, digits, '_'), got {self.name!r}")
 
 
 @dataclass(frozen=True, repr=False)

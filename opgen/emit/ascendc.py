@@ -152,7 +152,7 @@ class AscendPrinter:
     def pitch_of(self, v: SSAValue) -> str:
         """Elements per row of a tile value's buffer."""
         cols = ir.tensor_type(v).shape[1]
-        return "tl.col_chunk" if cols == "CC" else "tl.pitch"
+        return "tl.col_chunk" if cols == t.COL_CHUNK else "tl.pitch"
 
     def count_of(self, v: SSAValue) -> str:
         """Elements a vector op covers for a tile value (its whole buffer)."""
@@ -320,7 +320,7 @@ class AscendPrinter:
             assert isinstance(gm, t.GmType)
             ct = self.ctype(gm.dtype)
             n = self.fresh("w")
-            count = " * ".join(f"(uint64_t)tl.{d}" if d in self.params else f"(uint64_t){d}" if d.isdigit()
+            count = " * ".join(f"(uint64_t)tl.{p}" if (p := t.dim_param(d)) else f"(uint64_t){d}" if d.isdigit()
                                else f"(uint64_t)d_{d}" for d in gm.shape)
             self.line(f"GlobalTensor<{ct}> {n};")
             base = "usr" if self.matmuls else self.name(self.k.body.block.args[-1])

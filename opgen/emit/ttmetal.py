@@ -130,9 +130,9 @@ class KernelPrinter(Scalars):
             self.line(f"const uint32_t {n} = get_arg_val<uint32_t>({op.index.data});")
         elif isinstance(op, k.AccessorOp):
             s, after = op.sym.data, op.after.data
-            base = f"{after}_args.next_compile_time_args_offset()" if after else "0"
-            self.line(f"constexpr auto {s}_args = TensorAccessorArgs<{base}>();")
-            self.line(f"const auto {s} = TensorAccessor({s}_args, {self.name(op.addr)}, {op.page.data});")
+            base = f"args_{after}.next_compile_time_args_offset()" if after else "0"
+            self.line(f"constexpr auto args_{s} = TensorAccessorArgs<{base}>();")
+            self.line(f"const auto {s} = TensorAccessor(args_{s}, {self.name(op.addr)}, {op.page.data});")
         elif isinstance(op, k.CallOp):
             args = [self.name(op.operands_[a.data]) if isinstance(a, IntAttr) else a.data for a in op.args.data]
             tmpl = f"<{', '.join(x.data for x in op.template.data)}>" if op.template else ""
@@ -160,6 +160,19 @@ class KernelPrinter(Scalars):
             self.define(op)
 
 
+def arg_ident(prog: k.ProgramOp, name: str) -> str:
+    """The C++ name of the op's argument ``name`` in host code and kernels: ``t_<name>`` for a
+    tensor, ``a_<name>`` for a scalar (and ``d_<dim>`` for a dim, ``conv_``/``dtype_``/``data_``
+    for a tensor's converted copy, index type and bytes read back): none of the host's own names
+    (``mesh``, ``program``, ``cores``, workspace regions, plans) nor a C++ keyword starts so, so an
+    op may name its tensors ``cores`` or ``int``. A name that is not an argument (a workspace
+    region, a plan) is the compiler's and stays as it is."""
+    names = [a.data for a in prog.arg_names.data]
+    if name not in names:
+        return name
+    return ("t_" if prog.arg_kinds.data[names.index(name)].data == "tensor" else "a_") + name
+
+
 class HostPrinter(Scalars):
     """One ``ttk.program`` -> its host function (tt-metal host API, distributed mesh queue)."""
 
@@ -171,7 +184,7 @@ class HostPrinter(Scalars):
 
     def special(self, op: Operation, a: list[str]) -> str:
         if isinstance(op, ir.DimOp):
-            return f"(int64_t){op.dim.data}"
+            return f"(int64_t)d_{op.dim.data}"
         if isinstance(op, k.GridCoresOp):
             return "(int64_t)(grid.x * grid.y)"
         if isinstance(op, k.CoresOp):
@@ -179,9 +192,9 @@ class HostPrinter(Scalars):
         if isinstance(op, k.CoreIndexOp):
             return "(int64_t)core_i"
         if isinstance(op, k.BufferAddrOp):
-            return f"(int64_t){op.arg.data}->address()"
+            return f"(int64_t){arg_ident(self.p, op.arg.data)}->address()"
         if isinstance(op, k.ScalarArgOp):
-            return op.arg.data
+            return arg_ident(self.p, op.arg.data)
         if isinstance(op, k.SegPrefixOp):
             return f"(int64_t)prefix[(size_t)({a[0]})]"
         if isinstance(op, k.BitsOp):
@@ -209,19 +222,20 @@ class HostPrinter(Scalars):
                 continue
             ty = self.p.arg_types.data[[a.data for a in self.p.arg_names.data].index(n.data)]
             ctype = {"bool": "bool", "f32": "float", "f64": "double"}.get(getattr(ty, "dtype", "f32"), "int64_t")
-            out.append(f"const std::shared_ptr<distributed::MeshBuffer>& {n.data}" if kd.data == "tensor"
-                       else f"{ctype} {n.data}")
+            out.append(f"const std::shared_ptr<distributed::MeshBuffer>& {arg_ident(self.p, n.data)}"
+                       if kd.data == "tensor" else f"{ctype} {arg_ident(self.p, n.data)}")
         if any(isinstance(o, k.ScatterPlanOp) for o in self.p.walk()):
             out.append("IndexType index_dtype")
         if public:
-            out += [f"IndexType {n}_dtype" for n in self.p.converted]
-        return out + [f"uint32_t {d}" for d in self.dims()]
+            out += [f"IndexType dtype_{n}" for n in self.p.converted]
+        return out + [f"uint32_t d_{d}" for d in self.dims()]
 
     def print(self) -> str:
         launches = [o for o in self.p.body.block.ops if isinstance(o, k.LaunchOp)]
         for param, dim in sorted(self.sizes.items()):
             if dim in self.dims():
-                self.line(f"if ((int64_t){param} != (int64_t){dim}) return opgen_tt_error(\"{self.p.sym_name.data}: "
+                self.line(f"if ((int64_t){arg_ident(self.p, param)} != (int64_t)d_{dim}) "
+                          f"return opgen_tt_error(\"{self.p.sym_name.data}: "
                           f"{param} differs from the tensors' {dim}\");")
         # every launch's scalars and checks first: nothing is enqueued unless all launches can run
         for ln in launches:
@@ -249,13 +263,14 @@ class HostPrinter(Scalars):
     def public(self, fn: str, schedules: list[str]) -> str:
         """The op's function for this dtype instance: the first schedule that can run."""
         conv = self.p.converted
-        names = [f"{n}_conv" if n in conv else n for n in (a.split(" ")[-1] for a in self.params())]
+        conv_of = {arg_ident(self.p, n): f"conv_{n}" for n in conv}
+        names = [conv_of.get(n, n) for n in (a.split(" ")[-1] for a in self.params())]
         args = ", ".join(["mesh", "kernel_dir", "grid", *names])
         lines = [f"/* {self.p.sym_name.data}: schedules tried in order: {', '.join(schedules)}. */",
                  self.signature(fn) + " {"]
         for n, d in conv.items():  # read only cast to d: converted once (opgen/lower/boundary.py)
-            lines += [f"    std::shared_ptr<distributed::MeshBuffer> {n}_conv = {n};",
-                      f"    if (int rc = opgen_tt_convert(mesh, {n}_conv, {n}_dtype, {INDEX_TYPE[d]})) return rc;"]
+            lines += [f"    std::shared_ptr<distributed::MeshBuffer> conv_{n} = {arg_ident(self.p, n)};",
+                      f"    if (int rc = opgen_tt_convert(mesh, conv_{n}, dtype_{n}, {INDEX_TYPE[d]})) return rc;"]
         for i, sch in enumerate(schedules):
             last = i == len(schedules) - 1
             lines.append(f"    {'return' if last else 'if (int rc ='} {sch}({args}, {'false' if last else 'true'})"
@@ -277,7 +292,8 @@ class HostPrinter(Scalars):
             self.indent -= 1
             self.line("};")
             self.line(f"std::shared_ptr<distributed::MeshBuffer> {op.sym.data};")
-            call = (f"opgen_tt_scatter_plan(mesh, {op.indices.data}, index_dtype, (uint32_t){self.name(op.n)}, "
+            call = (f"opgen_tt_scatter_plan(mesh, {arg_ident(self.p, op.indices.data)}, index_dtype, "
+                    f"(uint32_t){self.name(op.n)}, "
                     f'(uint32_t){self.name(op.rows)}, {op.sym.data}, "{self.p.sym_name.data}", {fn})')
             self.line(f"if (int rc = {call}) return rc;")
         elif isinstance(op, k.RowCheckOp):
@@ -286,7 +302,8 @@ class HostPrinter(Scalars):
             self.indent += 1
             for name in (a.data for a in op.reads.data):
                 self.line(f"std::vector<uint8_t> data_{name};")
-                self.line(f"{{ auto buf = {name}; distributed::EnqueueReadMeshBuffer(cq, data_{name}, buf, true); }}")
+                self.line(f"{{ auto buf = {arg_ident(self.p, name)}; "
+                          f"distributed::EnqueueReadMeshBuffer(cq, data_{name}, buf, true); }}")
             v = op.row_fn.block.args[0]
             self.names[v] = self.fresh("row")
             self.line(f"for (int64_t {self.names[v]} = 0; {self.names[v]} < {self.name(op.rows)}; "

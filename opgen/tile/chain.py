@@ -236,19 +236,20 @@ class ChainTiles(RowValues, TileLowering):
         if len(cube_dt) != 1:
             raise TileUnsupported(self.name, "products with tensors of different dtypes")
         gdt = cube_dt.pop()
-        ws_p = self.add(t.WorkspaceOp("ws_p", t.GmType.make(["ws_grows", str(g_cols)], "f32"))) if ch.p else None
+        ws_grows = t.param_dim("ws_grows")
+        ws_p = self.add(t.WorkspaceOp("ws_p", t.GmType.make([ws_grows, str(g_cols)], "f32"))) if ch.p else None
         # G in the matrix unit's dtype: f32, or (f16/bf16) a high and a low part whose products
         # add up to the f32 G's to f32 accuracy (G's rounding error would otherwise dominate)
         parts = [""] if gdt == "f32" else ["", "l"]
-        ws_g = [self.add(t.WorkspaceOp(f"ws_g{x}", t.GmType.make(["ws_grows", str(g_cols)], gdt))) for x in parts]
+        ws_g = [self.add(t.WorkspaceOp(f"ws_g{x}", t.GmType.make([ws_grows, str(g_cols)], gdt))) for x in parts]
         accs, prods = [], []
         split = self.split_spans
         for i, (_, _, mm) in enumerate(outs):
             width = ir.tensor_type(mm.result).shape[1]
-            prods.append([self.add(t.WorkspaceOp(f"ws_c{i}{x}", t.GmType.make(["ws_rows", width], "f32")))
+            prods.append([self.add(t.WorkspaceOp(f"ws_c{i}{x}", t.GmType.make([t.param_dim("ws_rows"), width], "f32")))
                           for x in parts])
-            accs.append(self.add(t.WorkspaceOp(f"ws_acc{i}", t.GmType.make(["ws_arows" if split else "ws_rows",
-                                                                            width], "f32"))))
+            accs.append(self.add(t.WorkspaceOp(f"ws_acc{i}", t.GmType.make(
+                [t.param_dim("ws_arows" if split else "ws_rows"), width], "f32"))))
         if ch.p is not None:  # the matrix unit needs a contraction of at least one element
             kd = self.dim(ir.tensor_type(ch.p.lhs).shape[1])
             ok = self.add(ir.CmpOp("gt", kd, self.zero))

@@ -46,7 +46,7 @@ class CheckTiles(RowValues, TileLowering):
         self.zero, self.one = self.const(0), self.const(1)
         core = self.add(t.BlockIdxOp())
         ncores = self.add(t.BlockNumOp())
-        flags = self.add(t.WorkspaceOp("ws_flags", t.GmType.make(["flag_words"], "i32")))
+        flags = self.add(t.WorkspaceOp("ws_flags", t.GmType.make([t.param_dim("flag_words")], "i32")))
         for bit, c in enumerate(checks):
             loop = t.ForOp(core, self.dim(ir.tensor_type(c.cond).shape[0]), ncores, hint="i")
             self.add(loop)

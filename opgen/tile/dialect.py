@@ -62,6 +62,30 @@ from opgen.ir.dialect import (
 from opgen.lower.sched import kernel_parts
 
 INDEX = TensorType.make([], "i64")
+#: A dim of a tile or view shape that stands for a tiling parameter is spelled ``tile.<param>``
+#: (:func:`param_dim`): the dot, which no DSL dim (a Python identifier) can have, keeps the op's
+#: own dims apart from the tile level's whatever their names (``R``, ``C``, ``rows``, ``groups``).
+PARAM_DIM_PREFIX = "tile."
+
+
+def param_dim(param: str) -> str:
+    """The shape dim standing for tiling parameter ``param`` (``groups`` -> ``tile.groups``)."""
+    return PARAM_DIM_PREFIX + param
+
+
+def dim_param(dim: str) -> str | None:
+    """The tiling parameter a shape dim stands for, or None for an op's dim or a number."""
+    return dim.removeprefix(PARAM_DIM_PREFIX) if dim.startswith(PARAM_DIM_PREFIX) else None
+
+
+#: the rows of a row tile
+ROWS = param_dim("rows")
+#: the columns of a column tile of a streamed walk
+CHUNK = param_dim("chunk")
+#: the columns of a chunk of the column-sum phase
+COL_CHUNK = param_dim("col_chunk")
+#: the bytes of the workspace argument
+WS_BYTES = param_dim("ws_bytes")
 #: what ``tile.platform`` may ask: vector cores, unified-buffer bytes per vector core, and the bytes
 #: of system workspace the matrix unit's library needs before a kernel's own
 PLATFORM_QUERIES = ("cores", "ub_bytes", "sys_ws_bytes")

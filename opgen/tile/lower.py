@@ -46,8 +46,9 @@ UNSUPPORTED = {ir.MatmulOp: "matmul", ir.UnpackBitsOp: "unpack_bits", ir.Transpo
 TARGET_UNSUPPORTED: dict[str, dict[type, str]] = {"ascendc": {}, "tt-metal": {}}
 
 #: tile dims: rows of a tile, and the columns of a column tile (streamed schedule)
-ROWS = "R"
-CHUNK = "C"
+ROWS, CHUNK = t.ROWS, t.CHUNK
+#: the rows of the column sums' partials in the workspace: one per group of row tiles
+GROUPS = t.param_dim("groups")
 
 
 class TileUnsupported(NotImplementedError):
@@ -203,7 +204,7 @@ class TileLowering(ScatterWalk):
         # one symbol per instance, row group and schedule
         sym = ".".join([self.name, *(d.name for d in self.binding.values()),
                         *([f"part{self.part}"] if len(groups) > 1 else []), *(["streamed"] if self.streamed else [])])
-        k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
+        k = t.KernelOp(sym, [*self.names, "workspace"], [*arg_types, t.GmType.make([t.WS_BYTES], "u8")],
                        DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()}))
         k.attributes["part"] = IntAttr(self.part)
         k.attributes["indices"] = DictionaryAttr({n: ArrayAttr([StringAttr(d) for d in ip.bounds])
@@ -388,8 +389,7 @@ class TileLowering(ScatterWalk):
         self.add(t.YieldOp(accs))
         self.cur = outer.body.block
         for i, ((_, r), total) in enumerate(zip(self.group.colreds, loop.res, strict=True)):
-            ws = self.add(t.WorkspaceOp(f"partials{i}", t.GmType.make(["groups", self.cols], self.cdt(r.x))),
-                          self.block)
+            ws = self.add(t.WorkspaceOp(f"partials{i}", t.GmType.make([GROUPS, self.cols], self.cdt(r.x))), self.block)
             self.partials.append(ws)
             self.add(t.CopyOutOp(total, ws, outer.iv, self.one, self.zero, self.ncols))
         self.add(t.YieldOp())
@@ -552,8 +552,7 @@ class TileLowering(ScatterWalk):
         chunk_loop([])
         for i, (_, r) in enumerate(self.group.colreds):
             part = self.add(t.ReduceOp("sum", self.tile(r.x), 0, self.nrows))
-            ws = self.add(t.WorkspaceOp(f"partials{i}", t.GmType.make(["groups", self.cols], self.cdt(r.x))),
-                          self.block)
+            ws = self.add(t.WorkspaceOp(f"partials{i}", t.GmType.make([GROUPS, self.cols], self.cdt(r.x))), self.block)
             self.partials.append(ws)
             self.add(t.CopyOutOp(part, ws, outer.iv, self.one, self.col0, self.ncols))
         self.copy_outputs()
@@ -616,11 +615,11 @@ class TileLowering(ScatterWalk):
         for (name, r), ws in zip(self.group.colreds, self.partials, strict=True):
             dt = self.cdt(r.x)
             zero = self.add(ir.ConstantOp(0, dt))
-            init = self.add(ir.BroadcastOp(zero, [], ir.TensorType.make(["1", "CC"], dt)))
+            init = self.add(ir.BroadcastOp(zero, [], ir.TensorType.make(["1", t.COL_CHUNK], dt)))
             acc_loop = t.ForOp(self.zero, self.ngroups, self.one, [init], hint="p")  # group order
             self.add(acc_loop)
             inner = acc_loop.body.block
-            p = self.add(t.CopyInOp(ws, acc_loop.iv, self.one, c0, nc, ["1", "CC"]), inner)
+            p = self.add(t.CopyInOp(ws, acc_loop.iv, self.one, c0, nc, ["1", t.COL_CHUNK]), inner)
             s = self.add(ir.AddOp(inner.args[1], p), inner)  # tile order: the same sum on any core count
             self.add(t.YieldOp([s]), inner)
             # (to the output's dtype: a column sum's output may be its cast)

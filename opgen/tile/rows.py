@@ -65,7 +65,7 @@ class RowValues:
         arg_types = [tt if (tt := ir.tensor_type(a)).rank == 0 else t.GmType.make(tt.shape, self.dt(tt.dtype))  # type: ignore[attr-defined]
                      for a in args]
         sym = ".".join([self.name, *(d.name for d in binding.values()), *([suffix] if suffix else [])])  # type: ignore[attr-defined]
-        k = t.KernelOp(sym, [*names, "workspace"], [*arg_types, t.GmType.make(["W"], "u8")],
+        k = t.KernelOp(sym, [*names, "workspace"], [*arg_types, t.GmType.make([t.WS_BYTES], "u8")],
                        DictionaryAttr({v: StringAttr(d.name) for v, d in binding.items()}))
         k.attributes["part"] = IntAttr(self.part)  # type: ignore[attr-defined]
         k.attributes["indices"] = DictionaryAttr({})

@@ -114,7 +114,7 @@ class ScatterWalk:
             raise self.unsupported("a scatter_add of rank-1 values")
         dt = self.cdt(op.result)
         zero = self.add(ir.ConstantOp(0, dt), self.block)
-        init = self.add(ir.BroadcastOp(zero, [], ir.TensorType.make(["R", self.tcols], dt)))
+        init = self.add(ir.BroadcastOp(zero, [], ir.TensorType.make([t.ROWS, self.tcols], dt)))
         rloop = t.ForOp(self.zero, self.nrows, self.one, [init], hint="r")
         self.add(rloop)
         saved = self.cur

@@ -108,7 +108,7 @@ def _kernel_parts(k: t.KernelOp) -> tuple[t.TilingOp, list[t.BufferOp]]:
     return tiling, bufs
 
 
-def _rows_dim(k: t.KernelOp) -> str | None:
+def rows_dim(k: t.KernelOp) -> str | None:
     """The dim the row tiles walk (the rows of the first copy-in with a tile of R rows)."""
     for op in k.body.block.walk():
         if (isinstance(op, t.CopyInOp) and ir.tensor_type(op.result).shape[0] != "1"
@@ -121,13 +121,13 @@ def _rows_dim(k: t.KernelOp) -> str | None:
     return None
 
 
-def _cols_dim(k: t.KernelOp) -> str:
+def cols_dim(k: t.KernelOp) -> str:
     """The row length the tiles walk (the last dim of the views the kernel copies rows of)."""
     for op in k.body.block.walk():
         if isinstance(op, t.CopyInOp | t.CopyOutOp):
             gm = t.gm_type(op.src if isinstance(op, t.CopyInOp) else op.dst)
             tt = ir.tensor_type(op.result if isinstance(op, t.CopyInOp) else op.value)
-            if tt.shape[1] not in ("1", "CC") and not isinstance(op.operands[0].owner, t.WorkspaceOp):
+            if tt.shape[1] not in ("1", t.COL_CHUNK) and not isinstance(op.operands[0].owner, t.WorkspaceOp):
                 return gm.shape[-1]
     return "1"
 
@@ -174,7 +174,7 @@ def _buffer_bytes(b: _Builder, bufs: list[t.BufferOp], rows: SSAValue, pitch: SS
         elif lay == "vec":
             count = rows
         elif lay == "row":
-            count = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
+            count = cc if x.attributes["cols"].data == t.COL_CHUNK else pitch  # type: ignore[attr-defined]
         elif lay in SEG_LAYOUTS:
             continue
         else:
@@ -199,9 +199,9 @@ class SizeTiles(ModulePass):
         b = _Builder(tiling)
         ub = b.platform("ub_bytes")
         cores = b.platform("cores")
-        rows_dim = _rows_dim(k)
-        n = b.dim(rows_dim) if rows_dim else b.c(1)
-        cols = b.dim(_cols_dim(k))
+        rd = rows_dim(k)
+        n = b.dim(rd) if rd else b.c(1)
+        cols = b.dim(cols_dim(k))
         sizes = [_itemsize(x) for x in bufs if x.attributes["layout"].data in ("tile", "row")]  # type: ignore[attr-defined]
         align = ALIGN // min(sizes, default=ALIGN)
         if k.attributes.get("schedule") == StringAttr("chain"):  # tiles of a block's columns
@@ -222,7 +222,7 @@ class SizeTiles(ModulePass):
                         per_row = b.bin(ir.AddOp, per_row, b.bin(ir.MulOp, b.bin(ir.DivOp, pitch, b.c(8)), b.c(nb)))
                     elif lay == "vec":  # (a byte a row: more than enough)
                         per_row = b.bin(ir.AddOp, per_row, b.c(nb))
-                    elif x.attributes["cols"].data == "CC":  # type: ignore[attr-defined]
+                    elif x.attributes["cols"].data == t.COL_CHUNK:  # type: ignore[attr-defined]
                         per_col = b.bin(ir.AddOp, per_col, b.c(nb))
                         fixed = b.bin(ir.AddOp, fixed, b.c(nb * MIN_COL_CHUNK))
                     else:
@@ -235,7 +235,7 @@ class SizeTiles(ModulePass):
                 elif lay == "vec":
                     per_row = b.bin(ir.AddOp, per_row, b.c(nb * sz))
                     fixed = b.bin(ir.AddOp, fixed, b.c(nb * ALIGN))
-                elif lay == "row" and x.attributes["cols"].data == "CC":  # type: ignore[attr-defined]
+                elif lay == "row" and x.attributes["cols"].data == t.COL_CHUNK:  # type: ignore[attr-defined]
                     per_col = b.bin(ir.AddOp, per_col, b.c(nb * sz))
                     fixed = b.bin(ir.AddOp, fixed, b.c(nb * sz * MIN_COL_CHUNK))
                 elif lay == "row":
@@ -365,7 +365,7 @@ class SizeTiles(ModulePass):
                 fixed = b.bin(ir.AddOp, fixed, b.c(nb * MASK_SLACK))
             elif lay in ("tile", "row", "vec") and _align(x) > ALIGN:  # (its padding, at most)
                 fixed = b.bin(ir.AddOp, fixed, b.c(nb * _align(x)))
-            if lay in ("tile", "row") and xc != "CC":  # one row of the chunk
+            if lay in ("tile", "row") and xc != t.COL_CHUNK:  # one row of the chunk
                 per_col = b.bin(ir.AddOp, per_col, b.c(nb * sz))
             elif lay == "row":  # the column-sum phase: at least MIN_COL_CHUNK columns
                 fixed = b.bin(ir.AddOp, fixed, b.c(nb * sz * MIN_COL_CHUNK))
@@ -384,7 +384,7 @@ class SizeTiles(ModulePass):
         b.set("chunk", chunk)
         b.set("chunks", b.cdiv(cols, chunk))
         left = b.bin(ir.SubOp, room, b.bin(ir.MulOp, per_col, chunk))
-        cc_bytes = b.c(sum(_itemsize(x) * x.depth.data for x in bufs if x.attributes["cols"].data == "CC") or 1)  # type: ignore[attr-defined]
+        cc_bytes = b.c(sum(_itemsize(x) * x.depth.data for x in bufs if x.attributes["cols"].data == t.COL_CHUNK) or 1)  # type: ignore[attr-defined]
         room_cols = b.bin(ir.MulOp, b.bin(ir.DivOp, b.bin(ir.DivOp, left, cc_bytes), b.c(8)), b.c(8))
         cc = b.round_up(b.cdiv(b.add(ir.MaxOp(cols, b.c(1))), cores), 8)
         cc = b.add(ir.MinOp(b.add(ir.MinOp(cc, b.c(MAX_COL_CHUNK))), b.bin(ir.AddOp, room_cols, b.c(MIN_COL_CHUNK))))
@@ -397,7 +397,7 @@ class SizeTiles(ModulePass):
         for x in bufs:
             lay = x.attributes["layout"].data  # type: ignore[attr-defined]
             if lay in ("tile", "row"):
-                width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
+                width = cc if x.attributes["cols"].data == t.COL_CHUNK else pitch  # type: ignore[attr-defined]
                 nbytes = _sized(b, x, width)
             elif lay == "vec" and (_is_mask(x) or _align(x) > ALIGN):  # (one row)
                 nbytes = _sized(b, x, b.c(1), ALIGN)
@@ -420,7 +420,7 @@ class SplitCores(ModulePass):
                 tiling, _ = _kernel_parts(k)
                 b = _Builder(tiling)
                 cores = b.platform("cores")
-                cols = b.dim(_cols_dim(k))
+                cols = b.dim(cols_dim(k))
                 chunks = b.set("col_chunks", b.cdiv(cols, b.params["col_chunk"]))
                 if any(isinstance(x, t.TileMatmulOp) for x in k.body.block.walk()):
                     # a kernel of the matrix unit: launched on AI cores of one cube and two vector
@@ -458,7 +458,7 @@ class PlanWorkspace(ModulePass):
                     gm = t.gm_type(w.result)
                     count = b.c(dtypes.by_name(gm.dtype).itemsize)
                     for d in gm.shape:
-                        v = b.params[d] if d in b.params else b.dim(d)
+                        v = b.params[p] if (p := t.dim_param(d)) else b.dim(d)
                         limit = b.bin(ir.DivOp, b.c(2**62), b.add(ir.MaxOp(v, b.c(1))))
                         b.check(b.add(ir.CmpOp("le", count, limit)), "the workspace would not fit in 64 bits")
                         count = b.bin(ir.MulOp, count, v)

@@ -46,6 +46,7 @@ from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.tile.lower import TileUnsupported
+from opgen.tile.sizes import cols_dim
 from opgen.ttmetal import chain
 from opgen.ttmetal import dialect as k
 from opgen.ttmetal.sizes import TILE
@@ -155,7 +156,13 @@ class Node:
 
 class KernelBuilder:
     """Appends one kernel's ops; maps tile-level scalars to kernel values lazily (runtime args for
-    dims, params and the core index, cloned arithmetic for the rest), one map per loop scope."""
+    dims, params and the core index, cloned arithmetic for the rest), one map per loop scope.
+
+    The op's names get the prefix of their kind (opgen/emit/ttmetal.py ``arg_ident``): runtime
+    args ``d_<dim>`` and ``a_<arg>``, accessors ``t_<tensor>`` (with ``addr_``/``args_`` before
+    them), which none of the compiler's own names (tiling parameters, ``core``, ``strip``,
+    ``f<k>``, workspace regions, plans) starts with: a dim named ``rows`` and the ``rows``
+    parameter, or a tensor named ``cores`` and the host's core set, stay apart."""
 
     def __init__(self, low: Lowering, role: str):
         self.low, self.role = low, role
@@ -209,13 +216,13 @@ class KernelBuilder:
         if kind(v) == "float":
             r = self.rt_arg(f"f{len(self.rt)}", low.host_op(k.BitsOp(low.host_val(v))))
         elif v in low.arg_of:  # an integer or bool argument of the op
-            r = self.rt_arg(low.arg_of[v], low.host_val(v))
+            r = self.rt_arg(f"a_{low.arg_of[v]}", low.host_val(v))
         elif isinstance(op, Block):
             raise TtUnsupported(low.name, "a loop variable used outside its loop")
         elif isinstance(op, t.ParamOp):
             r = self.rt_arg(op.param.data, low.host_val(v))
         elif isinstance(op, ir.DimOp):
-            r = self.rt_arg(op.dim.data, low.host_val(v))
+            r = self.rt_arg(f"d_{op.dim.data}", low.host_val(v))
         elif isinstance(op, t.BlockIdxOp):
             r = self.rt_arg("core", low.host_val(v))
         elif isinstance(op, t.BlockNumOp):
@@ -233,23 +240,23 @@ class KernelBuilder:
     def accessor_named(self, name: str, page: int) -> str:
         """The kernel's TensorAccessor over the host's buffer ``name`` with pages of ``page`` B."""
         if name not in self.acc_vals:
-            addr = self.rt_arg(f"{name}_addr", self.low.host_op(k.BufferAddrOp(name)))
-            after = self.accessors[-1] if self.accessors else ""
-            Rewriter.insert_op(k.AccessorOp(name, after, page, addr), InsertPoint.at_end(self.args_block))
-            self.accessors.append(name)
-            self.acc_vals[name] = name
-        return name
+            self._declare_accessor(name, name, page)
+        return self.acc_vals[name]
 
     def accessor(self, gm: SSAValue, name: str) -> str:
-        """The kernel's TensorAccessor over tensor argument ``name`` (declared once)."""
+        """The kernel's TensorAccessor over tensor argument (or workspace region) ``name``
+        (declared once): its C++ name, the host's for the buffer (``t_<name>`` for a tensor
+        argument: opgen/emit/ttmetal.py ``arg_ident``)."""
         if name not in self.acc_vals:
-            page = self.low.page_bytes(gm)
-            addr = self.rt_arg(f"{name}_addr", self.low.host_op(k.BufferAddrOp(name)))
-            after = self.accessors[-1] if self.accessors else ""
-            Rewriter.insert_op(k.AccessorOp(name, after, page, addr), InsertPoint.at_end(self.args_block))
-            self.accessors.append(name)
-            self.acc_vals[name] = name
-        return name
+            self._declare_accessor(name, f"t_{name}" if name in self.low.args else name, self.low.page_bytes(gm))
+        return self.acc_vals[name]
+
+    def _declare_accessor(self, buffer: str, ident: str, page: int) -> None:
+        addr = self.rt_arg(f"addr_{ident}", self.low.host_op(k.BufferAddrOp(buffer)))
+        after = self.accessors[-1] if self.accessors else ""
+        Rewriter.insert_op(k.AccessorOp(ident, after, page, addr), InsertPoint.at_end(self.args_block))
+        self.accessors.append(ident)
+        self.acc_vals[buffer] = ident
 
     @contextlib.contextmanager
     def prologue(self) -> Iterator[None]:
@@ -429,8 +436,8 @@ class Lowering:
         ``CC``: the ``chunk`` / ``col_chunk`` parameters) -> ceil(chunk/32)."""
         if dim.isdigit():
             return self.hconst((int(dim) + TILE - 1) // TILE)
-        chunk = {"C": "chunk", "CC": "col_chunk"}.get(dim)
-        d = self.host_val(self.params[chunk]) if chunk else self.host_op(ir.DimOp(dim))
+        param = t.dim_param(dim)
+        d = self.host_val(self.params[param]) if param else self.host_op(ir.DimOp(dim))
         return self.host_op(ir.DivOp(self.host_op(ir.AddOp(d, self.hconst(TILE - 1))), self.hconst(TILE)))
 
     def layout(self, gm: SSAValue) -> str:
@@ -457,7 +464,7 @@ class Lowering:
             sym = f"ws{self.part or ''}_{gm.owner.offset.data}"  # one DRAM buffer per workspace region
             if sym not in self.ws_done:  # one page row per row of the region (row layout), or tiles
                 rows, cols = gm.type.shape
-                nrows = self.host_val(self.params[rows]) if rows in self.params else self.hconst(int(rows))
+                nrows = self.host_val(self.params[p]) if (p := t.dim_param(rows)) else self.hconst(int(rows))
                 if self.layout(gm) == "tile":
                     nrows = self.host_op(ir.DivOp(self.host_op(ir.AddOp(nrows, self.hconst(TILE - 1))),
                                                   self.hconst(TILE)))
@@ -830,7 +837,7 @@ class Lowering:
         if kind(init) == "col":
             return self.c.const(1)
         dim = ir.tensor_type(init).shape[1]
-        if dim not in ("D", "CC"):
+        if dim not in (cols_dim(self.k), t.COL_CHUNK):
             raise TtUnsupported(self.name, f"a loop-carried row of {dim} columns")
         return self.c.val(self.tiles(dim))
 
@@ -841,8 +848,8 @@ class Lowering:
         reservation wraps the CB."""
         key = f"cap:{dim}"
         if key not in self._tiles:
-            chunk = {"C": "chunk", "CC": "col_chunk"}.get(dim)
-            x = t.ParamOp(chunk) if chunk else ir.DimOp(dim)
+            param = t.dim_param(dim)
+            x = t.ParamOp(param) if param else ir.DimOp(dim)
             c1 = ir.ConstantOp(1, "i64")
             self._scratch.add_op(x)
             self._scratch.add_op(c1)
@@ -865,7 +872,7 @@ class Lowering:
         """A tile-level scalar (built in a scratch block, cloned into kernels on use): tiles along
         tile dim ``dim`` — ``ceil(D / 32)``, 1 for a 32-column chunk ``CC``."""
         if dim not in self._tiles:
-            if dim == "CC":
+            if dim == t.COL_CHUNK:
                 ops = [ir.ConstantOp(1, "i64")]
             elif dim.isdigit():  # (a chain's workspace: a fixed number of columns)
                 ops = [ir.ConstantOp((int(dim) + TILE - 1) // TILE, "i64")]

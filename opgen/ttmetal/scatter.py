@@ -208,10 +208,11 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     idx, grad, out, n_dim, v_dim, keep, factors, add, initial = _pattern(low)
     gm_grad, gm_out = low.args[grad], low.args[out]
     fmt_in, fmt_out = low.gm_format(gm_grad), low.gm_format(gm_out)
+    w_dim = t.gm_type(gm_grad).shape[-1]  # (the rows' length: the table's columns)
     units = {}
 
     def host_units() -> SSAValue:  # (the strips of units: what the cores share)
-        vt, wt = low.host_tiles(v_dim), low.host_tiles("D")
+        vt, wt = low.host_tiles(v_dim), low.host_tiles(w_dim)
         n = low.host_op(ir.MulOp(vt, wt))
         # strips of up to STRIP units, shorter when there are fewer than STRIP units per core
         per_core = low.host_op(ir.DivOp(n, low.host_op(k.GridCoresOp())))
@@ -244,7 +245,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
         return b.val(low._dim(d))
 
     def wt_of(b) -> SSAValue:
-        return b.val(low.tiles("D"))
+        return b.val(low.tiles(w_dim))
 
     def unit_loop(b) -> tuple[SSAValue, SSAValue, SSAValue]:
         """for s in (core, strips, cores): for u in [s * STRIP, min(units, s * STRIP + STRIP)):

@@ -25,7 +25,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.tile.dialect import INDEX
-from opgen.tile.sizes import CHAIN_BLOCK, CHAIN_SPAN
+from opgen.tile.sizes import CHAIN_BLOCK, CHAIN_SPAN, cols_dim, rows_dim
 
 TILE = 32
 #: the most groups (partial rows) a row walk is split into: one per core of an 8x8 grid
@@ -52,12 +52,13 @@ class SizeTilesTt(ModulePass):
                 self.size_chain(k, b)
                 continue
             one, tile = b.const(1), b.const(TILE)
-            n = b.op(ir.DimOp("N")) if _uses_dim(k, "N") else one
+            rows, cols = rows_dim(k), cols_dim(k)  # (the op's own dims, whatever their names)
+            n = b.op(ir.DimOp(rows)) if rows else one
             tiles = b.ceil_div(n, tile)
             group = b.op(ir.MaxOp(b.ceil_div(tiles, b.const(GROUPS)), one))
             b.set("rows", tile)
             b.set("tiles", tiles)
-            d = b.op(ir.DimOp("D")) if _uses_dim(k, "D") else one
+            d = one if cols == "1" else b.op(ir.DimOp(cols))
             if streamed:  # rows in column chunks of CHUNK_TILES tiles, one partial row per block
                 chunk = b.op(ir.MinOp(b.const(CHUNK_TILES * TILE), b.op(ir.MulOp(b.ceil_div(d, tile), tile))))
                 chunk = b.op(ir.MaxOp(chunk, tile))
@@ -110,10 +111,6 @@ class SizeTilesTt(ModulePass):
         b.set("ws_rows", b.op(ir.MulOp(cores, blk)))
         b.set("ws_arows", b.op(ir.MulOp(b.op(ir.MaxOp(cores, units)), blk)))
         b.set("ws_grows", b.op(ir.MulOp(cores, b.const(k.attributes["g_rows"].data))))  # type: ignore[attr-defined]
-
-
-def _uses_dim(k: t.KernelOp, dim: str) -> bool:
-    return any(isinstance(o, ir.DimOp) and o.dim.data == dim for o in k.walk())
 
 
 class _Builder:

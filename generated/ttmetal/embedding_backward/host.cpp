@@ -201,25 +201,25 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
 
 /* embedding_backward.bf16: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = alpha2;
+    const float v1 = a_alpha2;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("embedding_backward.bf16: alpha2 must be 0 when i2 is absent");
-    const int64_t v3 = (int64_t)N1;
+    const int64_t v3 = (int64_t)d_N1;
     const bool v4 = v3 == 0;
-    const int64_t v5 = (int64_t)D;
+    const int64_t v5 = (int64_t)d_D;
     const bool v6 = v5 == 0;
     const bool v7 = v4 || v6;
     if (v7) return 0;  // every output is empty
@@ -236,21 +236,21 @@ static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& me
     const int64_t v18 = v12 + v17;
     const int64_t v19 = v18 / v16;
     const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
-    const int64_t v21 = (int64_t)N;
+    const int64_t v21 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v22 = alpha1;
+        const float v22 = a_alpha1;
         const float v23 = 1.0f * v22;
         return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward.bf16", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward.bf16", row_fn_plan)) return rc;
     const int64_t v24 = (1 > 1 ? 1 : 1);
     const int64_t v25 = (19 > 1 ? 19 : 1);
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (int64_t)plan->address();
-    const int64_t v28 = (int64_t)dy->address();
-    const int64_t v29 = (int64_t)dtable1->address();
-    const bool v30 = dtable1_acc;
+    const int64_t v28 = (int64_t)t_dy->address();
+    const int64_t v29 = (int64_t)t_dtable1->address();
+    const bool v30 = a_dtable1_acc;
     const int64_t v31 = v24 * 128;
     const int64_t v32 = 0 + v31;
     const int64_t v33 = v25 * 128;
@@ -276,15 +276,15 @@ static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& me
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -302,41 +302,41 @@ static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& me
 
 /* embedding_backward.bf16: schedules tried in order: opgen_tt_embedding_backward_bf16_resident. */
 int opgen_tt_embedding_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1) {
-    return opgen_tt_embedding_backward_bf16_resident(mesh, kernel_dir, grid, dy, i1, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, index_dtype, D, N, N1, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1) {
+    return opgen_tt_embedding_backward_bf16_resident(mesh, kernel_dir, grid, t_dy, t_i1, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, index_dtype, d_D, d_N, d_N1, false);
 }
 
 /* embedding_backward.f32: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = alpha2;
+    const float v1 = a_alpha2;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("embedding_backward.f32: alpha2 must be 0 when i2 is absent");
-    const int64_t v3 = (int64_t)N1;
+    const int64_t v3 = (int64_t)d_N1;
     const bool v4 = v3 == 0;
-    const int64_t v5 = (int64_t)D;
+    const int64_t v5 = (int64_t)d_D;
     const bool v6 = v5 == 0;
     const bool v7 = v4 || v6;
     if (v7) return 0;  // every output is empty
@@ -353,21 +353,21 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
     const int64_t v18 = v12 + v17;
     const int64_t v19 = v18 / v16;
     const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
-    const int64_t v21 = (int64_t)N;
+    const int64_t v21 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v22 = alpha1;
+        const float v22 = a_alpha1;
         const float v23 = 1.0f * v22;
         return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward.f32", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward.f32", row_fn_plan)) return rc;
     const int64_t v24 = (1 > 1 ? 1 : 1);
     const int64_t v25 = (19 > 1 ? 19 : 1);
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (int64_t)plan->address();
-    const int64_t v28 = (int64_t)dy->address();
-    const int64_t v29 = (int64_t)dtable1->address();
-    const bool v30 = dtable1_acc;
+    const int64_t v28 = (int64_t)t_dy->address();
+    const int64_t v29 = (int64_t)t_dtable1->address();
+    const bool v30 = a_dtable1_acc;
     const int64_t v31 = v24 * 128;
     const int64_t v32 = 0 + v31;
     const int64_t v33 = v25 * 128;
@@ -393,8 +393,8 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward.f32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -403,7 +403,7 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -421,39 +421,39 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
 
 /* embedding_backward.f32: schedules tried in order: opgen_tt_embedding_backward_f32_resident. */
 int opgen_tt_embedding_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1) {
-    return opgen_tt_embedding_backward_f32_resident(mesh, kernel_dir, grid, dy, i1, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, index_dtype, D, N, N1, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1) {
+    return opgen_tt_embedding_backward_f32_resident(mesh, kernel_dir, grid, t_dy, t_i1, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, index_dtype, d_D, d_N, d_N1, false);
 }
 
 /* embedding_backward__i2.bf16: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)N1;
+    const int64_t v1 = (int64_t)d_N1;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
     if (v5) return 0;  // every output is empty
@@ -470,21 +470,21 @@ static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice
     const int64_t v16 = v10 + v15;
     const int64_t v17 = v16 / v14;
     const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
-    const int64_t v19 = (int64_t)N;
+    const int64_t v19 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v20 = alpha1;
+        const float v20 = a_alpha1;
         const float v21 = 1.0f * v20;
         return std::pair<bool, float>{1, v21};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_backward__i2.bf16", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_backward__i2.bf16", row_fn_plan)) return rc;
     const int64_t v22 = (1 > 1 ? 1 : 1);
     const int64_t v23 = (19 > 1 ? 19 : 1);
     const int64_t v24 = (2 > 1 ? 2 : 1);
     const int64_t v25 = (int64_t)plan->address();
-    const int64_t v26 = (int64_t)dy->address();
-    const int64_t v27 = (int64_t)dtable1->address();
-    const bool v28 = dtable1_acc;
+    const int64_t v26 = (int64_t)t_dy->address();
+    const int64_t v27 = (int64_t)t_dtable1->address();
+    const bool v28 = a_dtable1_acc;
     const int64_t v29 = v22 * 128;
     const int64_t v30 = 0 + v29;
     const int64_t v31 = v23 * 128;
@@ -510,15 +510,15 @@ static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__i2.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -536,40 +536,40 @@ static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice
 
 /* embedding_backward__i2.bf16: schedules tried in order: opgen_tt_embedding_backward__i2_bf16_resident. */
 int opgen_tt_embedding_backward__i2_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1) {
-    return opgen_tt_embedding_backward__i2_bf16_resident(mesh, kernel_dir, grid, dy, i1, i2, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, index_dtype, D, N, N1, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1) {
+    return opgen_tt_embedding_backward__i2_bf16_resident(mesh, kernel_dir, grid, t_dy, t_i1, t_i2, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, index_dtype, d_D, d_N, d_N1, false);
 }
 
 /* embedding_backward__i2.f32: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)N1;
+    const int64_t v1 = (int64_t)d_N1;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
     if (v5) return 0;  // every output is empty
@@ -586,21 +586,21 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
     const int64_t v16 = v10 + v15;
     const int64_t v17 = v16 / v14;
     const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
-    const int64_t v19 = (int64_t)N;
+    const int64_t v19 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v20 = alpha1;
+        const float v20 = a_alpha1;
         const float v21 = 1.0f * v20;
         return std::pair<bool, float>{1, v21};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_backward__i2.f32", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_backward__i2.f32", row_fn_plan)) return rc;
     const int64_t v22 = (1 > 1 ? 1 : 1);
     const int64_t v23 = (19 > 1 ? 19 : 1);
     const int64_t v24 = (2 > 1 ? 2 : 1);
     const int64_t v25 = (int64_t)plan->address();
-    const int64_t v26 = (int64_t)dy->address();
-    const int64_t v27 = (int64_t)dtable1->address();
-    const bool v28 = dtable1_acc;
+    const int64_t v26 = (int64_t)t_dy->address();
+    const int64_t v27 = (int64_t)t_dtable1->address();
+    const bool v28 = a_dtable1_acc;
     const int64_t v29 = v22 * 128;
     const int64_t v30 = 0 + v29;
     const int64_t v31 = v23 * 128;
@@ -626,8 +626,8 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__i2.f32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -636,7 +636,7 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -654,43 +654,43 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
 
 /* embedding_backward__i2.f32: schedules tried in order: opgen_tt_embedding_backward__i2_f32_resident. */
 int opgen_tt_embedding_backward__i2_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1) {
-    return opgen_tt_embedding_backward__i2_f32_resident(mesh, kernel_dir, grid, dy, i1, i2, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, index_dtype, D, N, N1, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1) {
+    return opgen_tt_embedding_backward__i2_f32_resident(mesh, kernel_dir, grid, t_dy, t_i1, t_i2, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, index_dtype, d_D, d_N, d_N1, false);
 }
 
 /* embedding_backward__dtable2.bf16: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = alpha2;
+    const float v1 = a_alpha2;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("embedding_backward__dtable2.bf16: alpha2 must be 0 when i2 is absent");
-    const int64_t v3 = (int64_t)N1;
+    const int64_t v3 = (int64_t)d_N1;
     const bool v4 = v3 == 0;
-    const int64_t v5 = (int64_t)D;
+    const int64_t v5 = (int64_t)d_D;
     const bool v6 = v5 == 0;
     const bool v7 = v4 || v6;
     if (v7) return 0;  // every output is empty
@@ -707,21 +707,21 @@ static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshD
     const int64_t v18 = v12 + v17;
     const int64_t v19 = v18 / v16;
     const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
-    const int64_t v21 = (int64_t)N;
+    const int64_t v21 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v22 = alpha1;
+        const float v22 = a_alpha1;
         const float v23 = 1.0f * v22;
         return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward__dtable2.bf16", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward__dtable2.bf16", row_fn_plan)) return rc;
     const int64_t v24 = (1 > 1 ? 1 : 1);
     const int64_t v25 = (19 > 1 ? 19 : 1);
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (int64_t)plan->address();
-    const int64_t v28 = (int64_t)dy->address();
-    const int64_t v29 = (int64_t)dtable1->address();
-    const bool v30 = dtable1_acc;
+    const int64_t v28 = (int64_t)t_dy->address();
+    const int64_t v29 = (int64_t)t_dtable1->address();
+    const bool v30 = a_dtable1_acc;
     const int64_t v31 = v24 * 128;
     const int64_t v32 = 0 + v31;
     const int64_t v33 = v25 * 128;
@@ -747,15 +747,15 @@ static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshD
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -773,43 +773,43 @@ static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshD
 
 /* embedding_backward__dtable2.bf16: schedules tried in order: opgen_tt_embedding_backward__dtable2_bf16_resident. */
 int opgen_tt_embedding_backward__dtable2_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1) {
-    return opgen_tt_embedding_backward__dtable2_bf16_resident(mesh, kernel_dir, grid, dy, i1, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, dtable2, index_dtype, D, N, N1, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1) {
+    return opgen_tt_embedding_backward__dtable2_bf16_resident(mesh, kernel_dir, grid, t_dy, t_i1, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, t_dtable2, index_dtype, d_D, d_N, d_N1, false);
 }
 
 /* embedding_backward__dtable2.f32: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = alpha2;
+    const float v1 = a_alpha2;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("embedding_backward__dtable2.f32: alpha2 must be 0 when i2 is absent");
-    const int64_t v3 = (int64_t)N1;
+    const int64_t v3 = (int64_t)d_N1;
     const bool v4 = v3 == 0;
-    const int64_t v5 = (int64_t)D;
+    const int64_t v5 = (int64_t)d_D;
     const bool v6 = v5 == 0;
     const bool v7 = v4 || v6;
     if (v7) return 0;  // every output is empty
@@ -826,21 +826,21 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
     const int64_t v18 = v12 + v17;
     const int64_t v19 = v18 / v16;
     const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
-    const int64_t v21 = (int64_t)N;
+    const int64_t v21 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v22 = alpha1;
+        const float v22 = a_alpha1;
         const float v23 = 1.0f * v22;
         return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward__dtable2.f32", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward__dtable2.f32", row_fn_plan)) return rc;
     const int64_t v24 = (1 > 1 ? 1 : 1);
     const int64_t v25 = (19 > 1 ? 19 : 1);
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (int64_t)plan->address();
-    const int64_t v28 = (int64_t)dy->address();
-    const int64_t v29 = (int64_t)dtable1->address();
-    const bool v30 = dtable1_acc;
+    const int64_t v28 = (int64_t)t_dy->address();
+    const int64_t v29 = (int64_t)t_dtable1->address();
+    const bool v30 = a_dtable1_acc;
     const int64_t v31 = v24 * 128;
     const int64_t v32 = 0 + v31;
     const int64_t v33 = v25 * 128;
@@ -866,8 +866,8 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.f32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -876,7 +876,7 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -894,45 +894,45 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
 
 /* embedding_backward__dtable2.f32: schedules tried in order: opgen_tt_embedding_backward__dtable2_f32_resident. */
 int opgen_tt_embedding_backward__dtable2_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1) {
-    return opgen_tt_embedding_backward__dtable2_f32_resident(mesh, kernel_dir, grid, dy, i1, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, dtable2, index_dtype, D, N, N1, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1) {
+    return opgen_tt_embedding_backward__dtable2_f32_resident(mesh, kernel_dir, grid, t_dy, t_i1, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, t_dtable2, index_dtype, d_D, d_N, d_N1, false);
 }
 
 /* embedding_backward__i2_dtable2.bf16: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
-    uint32_t N2,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
+    uint32_t d_N2,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)N1;
+    const int64_t v1 = (int64_t)d_N1;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
-    const int64_t v6 = (int64_t)N2;
+    const int64_t v6 = (int64_t)d_N2;
     const bool v7 = v6 == 0;
     const bool v8 = v7 || v4;
     const bool v9 = v5 && v8;
@@ -950,21 +950,21 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
     const int64_t v20 = v14 + v19;
     const int64_t v21 = v20 / v18;
     const int64_t v22 = std::min<int64_t>((int64_t)(grid.x * grid.y), v21 > 1 ? v21 : 1);
-    const int64_t v23 = (int64_t)N;
+    const int64_t v23 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v24 = alpha1;
+        const float v24 = a_alpha1;
         const float v25 = 1.0f * v24;
         return std::pair<bool, float>{1, v25};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v23, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.bf16", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v23, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.bf16", row_fn_plan)) return rc;
     const int64_t v26 = (1 > 1 ? 1 : 1);
     const int64_t v27 = (19 > 1 ? 19 : 1);
     const int64_t v28 = (2 > 1 ? 2 : 1);
     const int64_t v29 = (int64_t)plan->address();
-    const int64_t v30 = (int64_t)dy->address();
-    const int64_t v31 = (int64_t)dtable1->address();
-    const bool v32 = dtable1_acc;
+    const int64_t v30 = (int64_t)t_dy->address();
+    const int64_t v31 = (int64_t)t_dtable1->address();
+    const bool v32 = a_dtable1_acc;
     const int64_t v33 = v26 * 128;
     const int64_t v34 = 0 + v33;
     const int64_t v35 = v27 * 128;
@@ -979,10 +979,10 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
     if (!(v43)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v44 = v42 + 0;
     const bool v45 = v44 <= 1400000;
-    const int64_t v46 = (int64_t)N2;
+    const int64_t v46 = (int64_t)d_N2;
     const int64_t v47 = v46 + 31;
     const int64_t v48 = v47 / 32;
-    const int64_t v49 = (int64_t)D;
+    const int64_t v49 = (int64_t)d_D;
     const int64_t v50 = v49 + 31;
     const int64_t v51 = v50 / 32;
     const int64_t v52 = v48 * v51;
@@ -994,21 +994,21 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
     const int64_t v58 = v52 + v57;
     const int64_t v59 = v58 / v56;
     const int64_t v60 = std::min<int64_t>((int64_t)(grid.x * grid.y), v59 > 1 ? v59 : 1);
-    const int64_t v61 = (int64_t)N;
+    const int64_t v61 = (int64_t)d_N;
     const auto row_fn_plan1 = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v62 = alpha2;
+        const float v62 = a_alpha2;
         const float v63 = 1.0f * v62;
         return std::pair<bool, float>{1, v63};
     };
     std::shared_ptr<distributed::MeshBuffer> plan1;
-    if (int rc = opgen_tt_scatter_plan(mesh, i2, index_dtype, (uint32_t)v61, (uint32_t)v46, plan1, "embedding_backward__i2_dtable2.bf16", row_fn_plan1)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i2, index_dtype, (uint32_t)v61, (uint32_t)v46, plan1, "embedding_backward__i2_dtable2.bf16", row_fn_plan1)) return rc;
     const int64_t v64 = (1 > 1 ? 1 : 1);
     const int64_t v65 = (19 > 1 ? 19 : 1);
     const int64_t v66 = (2 > 1 ? 2 : 1);
     const int64_t v67 = (int64_t)plan1->address();
-    const int64_t v68 = (int64_t)dy->address();
-    const int64_t v69 = (int64_t)dtable2->address();
-    const bool v70 = dtable2_acc;
+    const int64_t v68 = (int64_t)t_dy->address();
+    const int64_t v69 = (int64_t)t_dtable2->address();
+    const bool v70 = a_dtable2_acc;
     const int64_t v71 = v64 * 128;
     const int64_t v72 = 0 + v71;
     const int64_t v73 = v65 * 128;
@@ -1034,15 +1034,15 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v22; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1066,15 +1066,15 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable2 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan1).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable2).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable2).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable2).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable2).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v60; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1092,47 +1092,47 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
 
 /* embedding_backward__i2_dtable2.bf16: schedules tried in order: opgen_tt_embedding_backward__i2_dtable2_bf16_resident. */
 int opgen_tt_embedding_backward__i2_dtable2_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
-    uint32_t N2) {
-    return opgen_tt_embedding_backward__i2_dtable2_bf16_resident(mesh, kernel_dir, grid, dy, i1, i2, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, dtable2, index_dtype, D, N, N1, N2, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
+    uint32_t d_N2) {
+    return opgen_tt_embedding_backward__i2_dtable2_bf16_resident(mesh, kernel_dir, grid, t_dy, t_i1, t_i2, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, t_dtable2, index_dtype, d_D, d_N, d_N1, d_N2, false);
 }
 
 /* embedding_backward__i2_dtable2.f32: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
-    uint32_t N2,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
+    uint32_t d_N2,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)N1;
+    const int64_t v1 = (int64_t)d_N1;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
-    const int64_t v6 = (int64_t)N2;
+    const int64_t v6 = (int64_t)d_N2;
     const bool v7 = v6 == 0;
     const bool v8 = v7 || v4;
     const bool v9 = v5 && v8;
@@ -1150,21 +1150,21 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
     const int64_t v20 = v14 + v19;
     const int64_t v21 = v20 / v18;
     const int64_t v22 = std::min<int64_t>((int64_t)(grid.x * grid.y), v21 > 1 ? v21 : 1);
-    const int64_t v23 = (int64_t)N;
+    const int64_t v23 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v24 = alpha1;
+        const float v24 = a_alpha1;
         const float v25 = 1.0f * v24;
         return std::pair<bool, float>{1, v25};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v23, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.f32", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i1, index_dtype, (uint32_t)v23, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.f32", row_fn_plan)) return rc;
     const int64_t v26 = (1 > 1 ? 1 : 1);
     const int64_t v27 = (19 > 1 ? 19 : 1);
     const int64_t v28 = (2 > 1 ? 2 : 1);
     const int64_t v29 = (int64_t)plan->address();
-    const int64_t v30 = (int64_t)dy->address();
-    const int64_t v31 = (int64_t)dtable1->address();
-    const bool v32 = dtable1_acc;
+    const int64_t v30 = (int64_t)t_dy->address();
+    const int64_t v31 = (int64_t)t_dtable1->address();
+    const bool v32 = a_dtable1_acc;
     const int64_t v33 = v26 * 128;
     const int64_t v34 = 0 + v33;
     const int64_t v35 = v27 * 128;
@@ -1179,10 +1179,10 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
     if (!(v43)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v44 = v42 + 0;
     const bool v45 = v44 <= 1400000;
-    const int64_t v46 = (int64_t)N2;
+    const int64_t v46 = (int64_t)d_N2;
     const int64_t v47 = v46 + 31;
     const int64_t v48 = v47 / 32;
-    const int64_t v49 = (int64_t)D;
+    const int64_t v49 = (int64_t)d_D;
     const int64_t v50 = v49 + 31;
     const int64_t v51 = v50 / 32;
     const int64_t v52 = v48 * v51;
@@ -1194,21 +1194,21 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
     const int64_t v58 = v52 + v57;
     const int64_t v59 = v58 / v56;
     const int64_t v60 = std::min<int64_t>((int64_t)(grid.x * grid.y), v59 > 1 ? v59 : 1);
-    const int64_t v61 = (int64_t)N;
+    const int64_t v61 = (int64_t)d_N;
     const auto row_fn_plan1 = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v62 = alpha2;
+        const float v62 = a_alpha2;
         const float v63 = 1.0f * v62;
         return std::pair<bool, float>{1, v63};
     };
     std::shared_ptr<distributed::MeshBuffer> plan1;
-    if (int rc = opgen_tt_scatter_plan(mesh, i2, index_dtype, (uint32_t)v61, (uint32_t)v46, plan1, "embedding_backward__i2_dtable2.f32", row_fn_plan1)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_i2, index_dtype, (uint32_t)v61, (uint32_t)v46, plan1, "embedding_backward__i2_dtable2.f32", row_fn_plan1)) return rc;
     const int64_t v64 = (1 > 1 ? 1 : 1);
     const int64_t v65 = (19 > 1 ? 19 : 1);
     const int64_t v66 = (2 > 1 ? 2 : 1);
     const int64_t v67 = (int64_t)plan1->address();
-    const int64_t v68 = (int64_t)dy->address();
-    const int64_t v69 = (int64_t)dtable2->address();
-    const bool v70 = dtable2_acc;
+    const int64_t v68 = (int64_t)t_dy->address();
+    const int64_t v69 = (int64_t)t_dtable2->address();
+    const bool v70 = a_dtable2_acc;
     const int64_t v71 = v64 * 128;
     const int64_t v72 = 0 + v71;
     const int64_t v73 = v65 * 128;
@@ -1234,8 +1234,8 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable1).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -1244,7 +1244,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable1).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v22; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1268,8 +1268,8 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable2 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan1).append_to(ct_reader);
-        TensorAccessorArgs(*dy).append_to(ct_reader);
-        TensorAccessorArgs(*dtable2).append_to(ct_reader);
+        TensorAccessorArgs(*t_dy).append_to(ct_reader);
+        TensorAccessorArgs(*t_dtable2).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -1278,7 +1278,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         utd_1[4] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*dtable2).append_to(ct_writer);
+        TensorAccessorArgs(*t_dtable2).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v60; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1296,21 +1296,21 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
 
 /* embedding_backward__i2_dtable2.f32: schedules tried in order: opgen_tt_embedding_backward__i2_dtable2_f32_resident. */
 int opgen_tt_embedding_backward__i2_dtable2_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& dy,
-    const std::shared_ptr<distributed::MeshBuffer>& i1,
-    const std::shared_ptr<distributed::MeshBuffer>& i2,
-    float alpha1,
-    float alpha2,
-    bool dtable1_acc,
-    bool dtable2_acc,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable1,
-    const std::shared_ptr<distributed::MeshBuffer>& dtable2,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dy,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_i2,
+    float a_alpha1,
+    float a_alpha2,
+    bool a_dtable1_acc,
+    bool a_dtable2_acc,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable1,
+    const std::shared_ptr<distributed::MeshBuffer>& t_dtable2,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t N1,
-    uint32_t N2) {
-    return opgen_tt_embedding_backward__i2_dtable2_f32_resident(mesh, kernel_dir, grid, dy, i1, i2, alpha1, alpha2, dtable1_acc, dtable2_acc, dtable1, dtable2, index_dtype, D, N, N1, N2, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_N1,
+    uint32_t d_N2) {
+    return opgen_tt_embedding_backward__i2_dtable2_f32_resident(mesh, kernel_dir, grid, t_dy, t_i1, t_i2, a_alpha1, a_alpha2, a_dtable1_acc, a_dtable2_acc, t_dtable1, t_dtable2, index_dtype, d_D, d_N, d_N1, d_N2, false);
 }
 
 }  // namespace opgen_tt

@@ -201,19 +201,19 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
 
 /* embedding_bw.bf16: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)V;
+    const int64_t v1 = (int64_t)d_V;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
     if (v5) return 0;  // every output is empty
@@ -230,18 +230,18 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
     const int64_t v16 = v10 + v15;
     const int64_t v17 = v16 / v14;
     const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
-    const int64_t v19 = (int64_t)N;
+    const int64_t v19 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         return std::pair<bool, float>{1, 1.0f};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_bw.bf16", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_bw.bf16", row_fn_plan)) return rc;
     const int64_t v20 = (1 > 1 ? 1 : 1);
     const int64_t v21 = (19 > 1 ? 19 : 1);
     const int64_t v22 = (2 > 1 ? 2 : 1);
     const int64_t v23 = (int64_t)plan->address();
-    const int64_t v24 = (int64_t)grad->address();
-    const int64_t v25 = (int64_t)out->address();
+    const int64_t v24 = (int64_t)t_grad->address();
+    const int64_t v25 = (int64_t)t_out->address();
     const int64_t v26 = v20 * 128;
     const int64_t v27 = 0 + v26;
     const int64_t v28 = v21 * 128;
@@ -265,14 +265,14 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*out).append_to(ct_writer);
+        TensorAccessorArgs(*t_out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -290,32 +290,32 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
 
 /* embedding_bw.bf16: schedules tried in order: opgen_tt_embedding_bw_bf16_resident. */
 int opgen_tt_embedding_bw_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V) {
-    return opgen_tt_embedding_bw_bf16_resident(mesh, kernel_dir, grid, indices, weight, grad, out, index_dtype, D, N, V, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V) {
+    return opgen_tt_embedding_bw_bf16_resident(mesh, kernel_dir, grid, t_indices, t_weight, t_grad, t_out, index_dtype, d_D, d_N, d_V, false);
 }
 
 /* embedding_bw.f32: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)V;
+    const int64_t v1 = (int64_t)d_V;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
     if (v5) return 0;  // every output is empty
@@ -332,18 +332,18 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
     const int64_t v16 = v10 + v15;
     const int64_t v17 = v16 / v14;
     const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
-    const int64_t v19 = (int64_t)N;
+    const int64_t v19 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         return std::pair<bool, float>{1, 1.0f};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_bw.f32", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_bw.f32", row_fn_plan)) return rc;
     const int64_t v20 = (1 > 1 ? 1 : 1);
     const int64_t v21 = (19 > 1 ? 19 : 1);
     const int64_t v22 = (2 > 1 ? 2 : 1);
     const int64_t v23 = (int64_t)plan->address();
-    const int64_t v24 = (int64_t)grad->address();
-    const int64_t v25 = (int64_t)out->address();
+    const int64_t v24 = (int64_t)t_grad->address();
+    const int64_t v25 = (int64_t)t_out->address();
     const int64_t v26 = v20 * 128;
     const int64_t v27 = 0 + v26;
     const int64_t v28 = v21 * 128;
@@ -367,7 +367,7 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_bw.f32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -375,7 +375,7 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*out).append_to(ct_writer);
+        TensorAccessorArgs(*t_out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_bw.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -393,15 +393,15 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
 
 /* embedding_bw.f32: schedules tried in order: opgen_tt_embedding_bw_f32_resident. */
 int opgen_tt_embedding_bw_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V) {
-    return opgen_tt_embedding_bw_f32_resident(mesh, kernel_dir, grid, indices, weight, grad, out, index_dtype, D, N, V, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V) {
+    return opgen_tt_embedding_bw_f32_resident(mesh, kernel_dir, grid, t_indices, t_weight, t_grad, t_out, index_dtype, d_D, d_N, d_V, false);
 }
 
 }  // namespace opgen_tt

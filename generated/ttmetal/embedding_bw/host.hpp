@@ -34,22 +34,22 @@ inline uint32_t index_size(IndexType t) {
 }
 
 int opgen_tt_embedding_bw_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V);
 int opgen_tt_embedding_bw_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V);
 
 }  // namespace opgen_tt

@@ -201,22 +201,22 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
 
 /* embedding_dense_backward.f32: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    int64_t num_weights,
-    int64_t padding_idx,
-    bool scale_grad_by_freq,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    int64_t a_num_weights,
+    int64_t a_padding_idx,
+    bool a_scale_grad_by_freq,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    if ((int64_t)num_weights != (int64_t)V) return opgen_tt_error("embedding_dense_backward.f32: num_weights differs from the tensors' V");
-    const int64_t v1 = (int64_t)V;
+    if ((int64_t)a_num_weights != (int64_t)d_V) return opgen_tt_error("embedding_dense_backward.f32: num_weights differs from the tensors' V");
+    const int64_t v1 = (int64_t)d_V;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
     if (v5) return 0;  // every output is empty
@@ -233,7 +233,7 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
     const int64_t v16 = v10 + v15;
     const int64_t v17 = v16 / v14;
     const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
-    const int64_t v19 = (int64_t)N;
+    const int64_t v19 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         const int64_t v20 = v / 32;
         const int64_t v21 = v20 * 32;
@@ -241,10 +241,10 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
         const int64_t v23 = 0 * v1;
         const int64_t v24 = v23 + v21;
         const int64_t v25 = v24 + v22;
-        const int64_t v26 = padding_idx;
+        const int64_t v26 = a_padding_idx;
         const bool v27 = v25 != v26;
         const bool v28 = 1 && v27;
-        const bool v29 = scale_grad_by_freq;
+        const bool v29 = a_scale_grad_by_freq;
         const int64_t v30 = v21 + v22;
         const int64_t v31 = v30 + 1;
         const int64_t v32 = (int64_t)prefix[(size_t)(v31)];
@@ -258,13 +258,13 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
         return std::pair<bool, float>{v28, v39};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_dense_backward.f32", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_dense_backward.f32", row_fn_plan)) return rc;
     const int64_t v40 = (1 > 1 ? 1 : 1);
     const int64_t v41 = (19 > 1 ? 19 : 1);
     const int64_t v42 = (2 > 1 ? 2 : 1);
     const int64_t v43 = (int64_t)plan->address();
-    const int64_t v44 = (int64_t)grad->address();
-    const int64_t v45 = (int64_t)out->address();
+    const int64_t v44 = (int64_t)t_grad->address();
+    const int64_t v45 = (int64_t)t_out->address();
     const int64_t v46 = v40 * 128;
     const int64_t v47 = 0 + v46;
     const int64_t v48 = v41 * 128;
@@ -288,7 +288,7 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v42) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_dense_backward.f32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -296,7 +296,7 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_dense_backward.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*out).append_to(ct_writer);
+        TensorAccessorArgs(*t_out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_dense_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -314,37 +314,37 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
 
 /* embedding_dense_backward.f32: schedules tried in order: opgen_tt_embedding_dense_backward_f32_resident. */
 int opgen_tt_embedding_dense_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    int64_t num_weights,
-    int64_t padding_idx,
-    bool scale_grad_by_freq,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    int64_t a_num_weights,
+    int64_t a_padding_idx,
+    bool a_scale_grad_by_freq,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V) {
-    return opgen_tt_embedding_dense_backward_f32_resident(mesh, kernel_dir, grid, grad, indices, num_weights, padding_idx, scale_grad_by_freq, out, index_dtype, D, N, V, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V) {
+    return opgen_tt_embedding_dense_backward_f32_resident(mesh, kernel_dir, grid, t_grad, t_indices, a_num_weights, a_padding_idx, a_scale_grad_by_freq, t_out, index_dtype, d_D, d_N, d_V, false);
 }
 
 /* embedding_dense_backward.bf16: 1 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    int64_t num_weights,
-    int64_t padding_idx,
-    bool scale_grad_by_freq,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    int64_t a_num_weights,
+    int64_t a_padding_idx,
+    bool a_scale_grad_by_freq,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V,
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    if ((int64_t)num_weights != (int64_t)V) return opgen_tt_error("embedding_dense_backward.bf16: num_weights differs from the tensors' V");
-    const int64_t v1 = (int64_t)V;
+    if ((int64_t)a_num_weights != (int64_t)d_V) return opgen_tt_error("embedding_dense_backward.bf16: num_weights differs from the tensors' V");
+    const int64_t v1 = (int64_t)d_V;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)D;
+    const int64_t v3 = (int64_t)d_D;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
     if (v5) return 0;  // every output is empty
@@ -361,7 +361,7 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
     const int64_t v16 = v10 + v15;
     const int64_t v17 = v16 / v14;
     const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
-    const int64_t v19 = (int64_t)N;
+    const int64_t v19 = (int64_t)d_N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         const int64_t v20 = v / 32;
         const int64_t v21 = v20 * 32;
@@ -369,10 +369,10 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
         const int64_t v23 = 0 * v1;
         const int64_t v24 = v23 + v21;
         const int64_t v25 = v24 + v22;
-        const int64_t v26 = padding_idx;
+        const int64_t v26 = a_padding_idx;
         const bool v27 = v25 != v26;
         const bool v28 = 1 && v27;
-        const bool v29 = scale_grad_by_freq;
+        const bool v29 = a_scale_grad_by_freq;
         const int64_t v30 = v21 + v22;
         const int64_t v31 = v30 + 1;
         const int64_t v32 = (int64_t)prefix[(size_t)(v31)];
@@ -386,13 +386,13 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
         return std::pair<bool, float>{v28, v39};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_dense_backward.bf16", row_fn_plan)) return rc;
+    if (int rc = opgen_tt_scatter_plan(mesh, t_indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_dense_backward.bf16", row_fn_plan)) return rc;
     const int64_t v40 = (1 > 1 ? 1 : 1);
     const int64_t v41 = (19 > 1 ? 19 : 1);
     const int64_t v42 = (2 > 1 ? 2 : 1);
     const int64_t v43 = (int64_t)plan->address();
-    const int64_t v44 = (int64_t)grad->address();
-    const int64_t v45 = (int64_t)out->address();
+    const int64_t v44 = (int64_t)t_grad->address();
+    const int64_t v45 = (int64_t)t_out->address();
     const int64_t v46 = v40 * 128;
     const int64_t v47 = 0 + v46;
     const int64_t v48 = v41 * 128;
@@ -416,14 +416,14 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v42) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/embedding_dense_backward.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_dense_backward.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*out).append_to(ct_writer);
+        TensorAccessorArgs(*t_out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_dense_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -441,17 +441,17 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
 
 /* embedding_dense_backward.bf16: schedules tried in order: opgen_tt_embedding_dense_backward_bf16_resident. */
 int opgen_tt_embedding_dense_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& indices,
-    int64_t num_weights,
-    int64_t padding_idx,
-    bool scale_grad_by_freq,
-    const std::shared_ptr<distributed::MeshBuffer>& out,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_indices,
+    int64_t a_num_weights,
+    int64_t a_padding_idx,
+    bool a_scale_grad_by_freq,
+    const std::shared_ptr<distributed::MeshBuffer>& t_out,
     IndexType index_dtype,
-    uint32_t D,
-    uint32_t N,
-    uint32_t V) {
-    return opgen_tt_embedding_dense_backward_bf16_resident(mesh, kernel_dir, grid, grad, indices, num_weights, padding_idx, scale_grad_by_freq, out, index_dtype, D, N, V, false);
+    uint32_t d_D,
+    uint32_t d_N,
+    uint32_t d_V) {
+    return opgen_tt_embedding_dense_backward_bf16_resident(mesh, kernel_dir, grid, t_grad, t_indices, a_num_weights, a_padding_idx, a_scale_grad_by_freq, t_out, index_dtype, d_D, d_N, d_V, false);
 }
 
 }  // namespace opgen_tt

@@ -201,37 +201,37 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
 
 /* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -244,7 +244,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -306,12 +306,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -340,14 +340,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -379,14 +379,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -412,7 +412,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -430,16 +430,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -474,12 +474,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -511,14 +511,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -550,14 +550,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -583,7 +583,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -617,12 +617,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -641,7 +641,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -672,7 +672,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -701,12 +701,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -725,7 +725,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -756,7 +756,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -774,58 +774,58 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_reside
 
 /* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -838,7 +838,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -900,12 +900,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -934,14 +934,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -973,14 +973,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -1006,7 +1006,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -1024,16 +1024,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -1068,12 +1068,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -1105,14 +1105,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -1144,14 +1144,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -1177,7 +1177,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -1211,12 +1211,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -1235,7 +1235,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1266,7 +1266,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1295,12 +1295,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -1319,7 +1319,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1350,7 +1350,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1368,55 +1368,55 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
 
 /* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: mask must hold at least BT flags");
-    const int64_t v9 = (int64_t)H;
+    const int64_t v9 = (int64_t)d_H;
     const bool v10 = v9 > 0;
     const bool v11 = v7 == 0;
     const bool v12 = v10 || v11;
@@ -1425,9 +1425,9 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: the product over H = 0 (no elements) is not supported on the matrix unit");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row15 = 0; row15 < v7; ++row15) {
             const bool v16 = opgen_tt_host_flag(data_target_mask, row15, true);
             const int64_t v17 = opgen_tt_host_load<int64_t>(data_masked_target, row15);
@@ -1510,18 +1510,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws_ws_p = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v82},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v83 = (int64_t)input->address();
-    const int64_t v84 = (int64_t)weight->address();
+    const int64_t v83 = (int64_t)t_input->address();
+    const int64_t v84 = (int64_t)t_weight->address();
     const int64_t v85 = (int64_t)ws_ws_p->address();
     const int64_t v86 = 128 + 31;
     const int64_t v87 = v86 / 32;
     const int64_t v88 = (v87 > 1 ? v87 : 1);
-    const int64_t v89 = (int64_t)logits_max->address();
-    const int64_t v90 = (int64_t)sum_exp_logits->address();
-    const int64_t v91 = (int64_t)masked_target->address();
-    const int64_t v92 = (int64_t)target_mask->address();
+    const int64_t v89 = (int64_t)t_logits_max->address();
+    const int64_t v90 = (int64_t)t_sum_exp_logits->address();
+    const int64_t v91 = (int64_t)t_masked_target->address();
+    const int64_t v92 = (int64_t)t_target_mask->address();
     const int64_t v93 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v94 = (int64_t)grad->address();
+    const int64_t v94 = (int64_t)t_grad->address();
     const int64_t v95 = v81 * 2048;
     auto ws_ws_g = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
@@ -1550,7 +1550,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v107},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v110 = (int64_t)ws_ws_c0l->address();
-    const int64_t v111 = (int64_t)input_grad->address();
+    const int64_t v111 = (int64_t)t_input_grad->address();
     const int64_t v112 = v65 * 4096;
     const int64_t v113 = 0 + v112;
     const int64_t v114 = v68 * 128;
@@ -1586,14 +1586,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v143 = (v142 ? 2 : 1);
     const int64_t v144 = v88 * v143;
     const int64_t v145 = v68 * v143;
-    const int64_t v146 = (int64_t)V;
+    const int64_t v146 = (int64_t)d_V;
     const int64_t v147 = v146 + 2048;
     const int64_t v148 = v147 - 1;
     const int64_t v149 = v148 / 2048;
     const int64_t v150 = (v149 > 1 ? v149 : 1);
-    const int64_t v151 = (int64_t)BT;
+    const int64_t v151 = (int64_t)d_BT;
     const bool v152 = v151 == 0;
-    const int64_t v153 = (int64_t)H;
+    const int64_t v153 = (int64_t)d_H;
     const bool v154 = v153 == 0;
     const bool v155 = v152 || v154;
     const int64_t v156 = v151 + 128;
@@ -1619,7 +1619,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v176 = (v175 > 1 ? v175 : 1);
     const int64_t v177 = (int64_t)ws_ws_acc0->address();
     const int64_t v178 = (2 > 1 ? 2 : 1);
-    const int64_t v179 = (int64_t)input_grad->address();
+    const int64_t v179 = (int64_t)t_input_grad->address();
     const int64_t v180 = v173 * 128;
     const int64_t v181 = 0 + v180;
     const int64_t v182 = v176 * 4096;
@@ -1637,16 +1637,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const bool v193 = v192 <= 1400000;
     const int64_t v194 = (v193 ? 2 : 1);
     const int64_t v195 = v176 * v194;
-    const int64_t v196 = (int64_t)V;
+    const int64_t v196 = (int64_t)d_V;
     const bool v197 = v196 == 0;
-    const int64_t v198 = (int64_t)H;
+    const int64_t v198 = (int64_t)d_H;
     const bool v199 = v198 == 0;
     const bool v200 = v197 || v199;
     const int64_t v201 = v196 + 128;
     const int64_t v202 = v201 - 1;
     const int64_t v203 = v202 / 128;
     const int64_t v204 = (v200 ? 0 : v203);
-    const int64_t v205 = (int64_t)BT;
+    const int64_t v205 = (int64_t)d_BT;
     const int64_t v206 = v205 + 2048;
     const int64_t v207 = v206 - 1;
     const int64_t v208 = v207 / 2048;
@@ -1696,18 +1696,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws1_ws_p = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v248},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v249 = (int64_t)input->address();
-    const int64_t v250 = (int64_t)weight->address();
+    const int64_t v249 = (int64_t)t_input->address();
+    const int64_t v250 = (int64_t)t_weight->address();
     const int64_t v251 = (int64_t)ws1_ws_p->address();
     const int64_t v252 = 128 + 31;
     const int64_t v253 = v252 / 32;
     const int64_t v254 = (v253 > 1 ? v253 : 1);
-    const int64_t v255 = (int64_t)logits_max->address();
-    const int64_t v256 = (int64_t)sum_exp_logits->address();
-    const int64_t v257 = (int64_t)masked_target->address();
-    const int64_t v258 = (int64_t)target_mask->address();
+    const int64_t v255 = (int64_t)t_logits_max->address();
+    const int64_t v256 = (int64_t)t_sum_exp_logits->address();
+    const int64_t v257 = (int64_t)t_masked_target->address();
+    const int64_t v258 = (int64_t)t_target_mask->address();
     const int64_t v259 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v260 = (int64_t)grad->address();
+    const int64_t v260 = (int64_t)t_grad->address();
     const int64_t v261 = v247 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v261},
@@ -1739,7 +1739,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v276},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v279 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v280 = (int64_t)weight_grad->address();
+    const int64_t v280 = (int64_t)t_weight_grad->address();
     const int64_t v281 = v231 * 4096;
     const int64_t v282 = 0 + v281;
     const int64_t v283 = v234 * 128;
@@ -1775,14 +1775,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v312 = (v311 ? 2 : 1);
     const int64_t v313 = v254 * v312;
     const int64_t v314 = v234 * v312;
-    const int64_t v315 = (int64_t)BT;
+    const int64_t v315 = (int64_t)d_BT;
     const int64_t v316 = v315 + 2048;
     const int64_t v317 = v316 - 1;
     const int64_t v318 = v317 / 2048;
     const int64_t v319 = (v318 > 1 ? v318 : 1);
-    const int64_t v320 = (int64_t)V;
+    const int64_t v320 = (int64_t)d_V;
     const bool v321 = v320 == 0;
-    const int64_t v322 = (int64_t)H;
+    const int64_t v322 = (int64_t)d_H;
     const bool v323 = v322 == 0;
     const bool v324 = v321 || v323;
     const int64_t v325 = v320 + 128;
@@ -1808,7 +1808,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v345 = (v344 > 1 ? v344 : 1);
     const int64_t v346 = (int64_t)ws1_ws_acc0->address();
     const int64_t v347 = (2 > 1 ? 2 : 1);
-    const int64_t v348 = (int64_t)weight_grad->address();
+    const int64_t v348 = (int64_t)t_weight_grad->address();
     const int64_t v349 = v342 * 128;
     const int64_t v350 = 0 + v349;
     const int64_t v351 = v345 * 4096;
@@ -1844,14 +1844,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_logits_max).append_to(ct_reader);
+        TensorAccessorArgs(*t_sum_exp_logits).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
@@ -1874,7 +1874,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1905,7 +1905,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v172; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1936,14 +1936,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v231) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_logits_max).append_to(ct_reader);
+        TensorAccessorArgs(*t_sum_exp_logits).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
@@ -1966,7 +1966,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v221; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1997,7 +1997,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v341; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -2015,56 +2015,56 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_logits_max, t_sum_exp_logits, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: mask must hold at least BT flags");
-    const int64_t v9 = (int64_t)H;
+    const int64_t v9 = (int64_t)d_H;
     const bool v10 = v9 > 0;
     const bool v11 = v7 == 0;
     const bool v12 = v10 || v11;
@@ -2073,9 +2073,9 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: the product over H = 0 (no elements) is not supported on the matrix unit");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row15 = 0; row15 < v7; ++row15) {
             const bool v16 = opgen_tt_host_flag(data_target_mask, row15, false);
             const int64_t v17 = opgen_tt_host_load<int64_t>(data_masked_target, row15);
@@ -2158,18 +2158,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws_ws_p = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v82},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v83 = (int64_t)input->address();
-    const int64_t v84 = (int64_t)weight->address();
+    const int64_t v83 = (int64_t)t_input->address();
+    const int64_t v84 = (int64_t)t_weight->address();
     const int64_t v85 = (int64_t)ws_ws_p->address();
     const int64_t v86 = 128 + 31;
     const int64_t v87 = v86 / 32;
     const int64_t v88 = (v87 > 1 ? v87 : 1);
-    const int64_t v89 = (int64_t)logits_max->address();
-    const int64_t v90 = (int64_t)sum_exp_logits->address();
-    const int64_t v91 = (int64_t)masked_target->address();
-    const int64_t v92 = (int64_t)target_mask->address();
+    const int64_t v89 = (int64_t)t_logits_max->address();
+    const int64_t v90 = (int64_t)t_sum_exp_logits->address();
+    const int64_t v91 = (int64_t)t_masked_target->address();
+    const int64_t v92 = (int64_t)t_target_mask->address();
     const int64_t v93 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v94 = (int64_t)grad->address();
+    const int64_t v94 = (int64_t)t_grad->address();
     const int64_t v95 = v81 * 2048;
     auto ws_ws_g = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
@@ -2198,7 +2198,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v107},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v110 = (int64_t)ws_ws_c0l->address();
-    const int64_t v111 = (int64_t)input_grad->address();
+    const int64_t v111 = (int64_t)t_input_grad->address();
     const int64_t v112 = v65 * 4096;
     const int64_t v113 = 0 + v112;
     const int64_t v114 = v68 * 128;
@@ -2234,14 +2234,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v143 = (v142 ? 2 : 1);
     const int64_t v144 = v88 * v143;
     const int64_t v145 = v68 * v143;
-    const int64_t v146 = (int64_t)V;
+    const int64_t v146 = (int64_t)d_V;
     const int64_t v147 = v146 + 2048;
     const int64_t v148 = v147 - 1;
     const int64_t v149 = v148 / 2048;
     const int64_t v150 = (v149 > 1 ? v149 : 1);
-    const int64_t v151 = (int64_t)BT;
+    const int64_t v151 = (int64_t)d_BT;
     const bool v152 = v151 == 0;
-    const int64_t v153 = (int64_t)H;
+    const int64_t v153 = (int64_t)d_H;
     const bool v154 = v153 == 0;
     const bool v155 = v152 || v154;
     const int64_t v156 = v151 + 128;
@@ -2267,7 +2267,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v176 = (v175 > 1 ? v175 : 1);
     const int64_t v177 = (int64_t)ws_ws_acc0->address();
     const int64_t v178 = (2 > 1 ? 2 : 1);
-    const int64_t v179 = (int64_t)input_grad->address();
+    const int64_t v179 = (int64_t)t_input_grad->address();
     const int64_t v180 = v173 * 128;
     const int64_t v181 = 0 + v180;
     const int64_t v182 = v176 * 4096;
@@ -2285,16 +2285,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const bool v193 = v192 <= 1400000;
     const int64_t v194 = (v193 ? 2 : 1);
     const int64_t v195 = v176 * v194;
-    const int64_t v196 = (int64_t)V;
+    const int64_t v196 = (int64_t)d_V;
     const bool v197 = v196 == 0;
-    const int64_t v198 = (int64_t)H;
+    const int64_t v198 = (int64_t)d_H;
     const bool v199 = v198 == 0;
     const bool v200 = v197 || v199;
     const int64_t v201 = v196 + 128;
     const int64_t v202 = v201 - 1;
     const int64_t v203 = v202 / 128;
     const int64_t v204 = (v200 ? 0 : v203);
-    const int64_t v205 = (int64_t)BT;
+    const int64_t v205 = (int64_t)d_BT;
     const int64_t v206 = v205 + 2048;
     const int64_t v207 = v206 - 1;
     const int64_t v208 = v207 / 2048;
@@ -2344,18 +2344,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws1_ws_p = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v248},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v249 = (int64_t)input->address();
-    const int64_t v250 = (int64_t)weight->address();
+    const int64_t v249 = (int64_t)t_input->address();
+    const int64_t v250 = (int64_t)t_weight->address();
     const int64_t v251 = (int64_t)ws1_ws_p->address();
     const int64_t v252 = 128 + 31;
     const int64_t v253 = v252 / 32;
     const int64_t v254 = (v253 > 1 ? v253 : 1);
-    const int64_t v255 = (int64_t)logits_max->address();
-    const int64_t v256 = (int64_t)sum_exp_logits->address();
-    const int64_t v257 = (int64_t)masked_target->address();
-    const int64_t v258 = (int64_t)target_mask->address();
+    const int64_t v255 = (int64_t)t_logits_max->address();
+    const int64_t v256 = (int64_t)t_sum_exp_logits->address();
+    const int64_t v257 = (int64_t)t_masked_target->address();
+    const int64_t v258 = (int64_t)t_target_mask->address();
     const int64_t v259 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v260 = (int64_t)grad->address();
+    const int64_t v260 = (int64_t)t_grad->address();
     const int64_t v261 = v247 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v261},
@@ -2387,7 +2387,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v276},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v279 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v280 = (int64_t)weight_grad->address();
+    const int64_t v280 = (int64_t)t_weight_grad->address();
     const int64_t v281 = v231 * 4096;
     const int64_t v282 = 0 + v281;
     const int64_t v283 = v234 * 128;
@@ -2423,14 +2423,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v312 = (v311 ? 2 : 1);
     const int64_t v313 = v254 * v312;
     const int64_t v314 = v234 * v312;
-    const int64_t v315 = (int64_t)BT;
+    const int64_t v315 = (int64_t)d_BT;
     const int64_t v316 = v315 + 2048;
     const int64_t v317 = v316 - 1;
     const int64_t v318 = v317 / 2048;
     const int64_t v319 = (v318 > 1 ? v318 : 1);
-    const int64_t v320 = (int64_t)V;
+    const int64_t v320 = (int64_t)d_V;
     const bool v321 = v320 == 0;
-    const int64_t v322 = (int64_t)H;
+    const int64_t v322 = (int64_t)d_H;
     const bool v323 = v322 == 0;
     const bool v324 = v321 || v323;
     const int64_t v325 = v320 + 128;
@@ -2456,7 +2456,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v345 = (v344 > 1 ? v344 : 1);
     const int64_t v346 = (int64_t)ws1_ws_acc0->address();
     const int64_t v347 = (2 > 1 ? 2 : 1);
-    const int64_t v348 = (int64_t)weight_grad->address();
+    const int64_t v348 = (int64_t)t_weight_grad->address();
     const int64_t v349 = v342 * 128;
     const int64_t v350 = 0 + v349;
     const int64_t v351 = v345 * 4096;
@@ -2492,14 +2492,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_logits_max).append_to(ct_reader);
+        TensorAccessorArgs(*t_sum_exp_logits).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
@@ -2522,7 +2522,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -2553,7 +2553,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v172; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -2584,14 +2584,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v231) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_logits_max).append_to(ct_reader);
+        TensorAccessorArgs(*t_sum_exp_logits).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
@@ -2614,7 +2614,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v221; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -2645,7 +2645,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v341; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -2663,60 +2663,60 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_logits_max, t_sum_exp_logits, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -2729,7 +2729,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -2791,12 +2791,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -2825,14 +2825,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -2864,14 +2864,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -2897,7 +2897,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -2915,16 +2915,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -2959,12 +2959,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -2996,14 +2996,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -3035,14 +3035,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -3068,7 +3068,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -3102,12 +3102,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -3126,7 +3126,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3157,7 +3157,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3186,12 +3186,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -3210,7 +3210,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3241,7 +3241,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3259,60 +3259,60 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_logits_max, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -3325,7 +3325,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -3387,12 +3387,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -3421,14 +3421,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -3460,14 +3460,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -3493,7 +3493,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -3511,16 +3511,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -3555,12 +3555,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -3592,14 +3592,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -3631,14 +3631,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -3664,7 +3664,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -3698,12 +3698,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -3722,7 +3722,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3753,7 +3753,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3782,12 +3782,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -3806,7 +3806,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3837,7 +3837,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -3855,60 +3855,60 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_logits_max, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -3921,7 +3921,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -3983,12 +3983,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -4017,14 +4017,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -4056,14 +4056,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -4089,7 +4089,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -4107,16 +4107,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -4151,12 +4151,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -4188,14 +4188,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -4227,14 +4227,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -4260,7 +4260,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -4294,12 +4294,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -4318,7 +4318,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -4349,7 +4349,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -4378,12 +4378,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -4402,7 +4402,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -4433,7 +4433,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -4451,60 +4451,60 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
 
 /* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_sum_exp_logits, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -4517,7 +4517,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -4579,12 +4579,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -4613,14 +4613,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -4652,14 +4652,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -4685,7 +4685,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -4703,16 +4703,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -4747,12 +4747,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -4784,14 +4784,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -4823,14 +4823,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -4856,7 +4856,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -4890,12 +4890,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -4914,7 +4914,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -4945,7 +4945,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -4974,12 +4974,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -4998,7 +4998,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -5029,7 +5029,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -5047,61 +5047,61 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
 
 /* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_sum_exp_logits, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -5114,7 +5114,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -5176,12 +5176,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -5210,14 +5210,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -5249,14 +5249,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -5282,7 +5282,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -5300,16 +5300,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -5344,12 +5344,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -5381,14 +5381,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -5420,14 +5420,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -5453,7 +5453,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -5487,12 +5487,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -5511,7 +5511,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -5542,7 +5542,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -5571,12 +5571,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -5595,7 +5595,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -5626,7 +5626,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -5644,62 +5644,62 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_logits_max, t_sum_exp_logits, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
+    const float v1 = a_label_smoothing;
     const bool v2 = v1 == 0.0f;
     if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
+    const int64_t v3 = (int64_t)d_V;
     const bool v4 = v3 >= 128;
     if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
+    const int64_t v5 = (int64_t)d_L;
     const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
+    const int64_t v7 = (int64_t)d_BT;
     const bool v8 = v6 >= v7;
     if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
+        { auto buf = t_target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
         std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
+        { auto buf = t_masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
         for (int64_t row9 = 0; row9 < v7; ++row9) {
             const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
             const int64_t v11 = opgen_tt_host_load<int64_t>(data_masked_target, row9);
@@ -5712,7 +5712,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     const int64_t v16 = v7 + 31;
     const int64_t v17 = v16 / 32;
-    const int64_t v18 = (int64_t)H;
+    const int64_t v18 = (int64_t)d_H;
     const int64_t v19 = v18 + 31;
     const int64_t v20 = v19 / 32;
     const int64_t v21 = v17 * v20;
@@ -5774,12 +5774,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v68 = 128 + 31;
     const int64_t v69 = v68 / 32;
     const int64_t v70 = (v69 > 1 ? v69 : 1);
-    const int64_t v71 = (int64_t)softmax->address();
+    const int64_t v71 = (int64_t)t_softmax->address();
     const int64_t v72 = (1 > 1 ? 1 : 1);
-    const int64_t v73 = (int64_t)masked_target->address();
-    const int64_t v74 = (int64_t)target_mask->address();
+    const int64_t v73 = (int64_t)t_masked_target->address();
+    const int64_t v74 = (int64_t)t_target_mask->address();
     const int64_t v75 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v76 = (int64_t)grad->address();
+    const int64_t v76 = (int64_t)t_grad->address();
     const int64_t v77 = v57 * 128;
     const int64_t v78 = v77 + 31;
     const int64_t v79 = v78 / 32;
@@ -5808,14 +5808,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v96 = (int64_t)weight->address();
+    const int64_t v96 = (int64_t)t_weight->address();
     const int64_t v97 = (int64_t)ws_ws_c0->address();
     const int64_t v98 = (v91 > v90 ? v91 : v90);
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v95},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v99 = (int64_t)ws_ws_c0l->address();
-    const int64_t v100 = (int64_t)input_grad->address();
+    const int64_t v100 = (int64_t)t_input_grad->address();
     const int64_t v101 = v65 * 4096;
     const int64_t v102 = 0 + v101;
     const int64_t v103 = v70 * 4096;
@@ -5847,14 +5847,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v128 = (v127 ? 2 : 1);
     const int64_t v129 = v70 * v128;
     const int64_t v130 = v72 * v128;
-    const int64_t v131 = (int64_t)V;
+    const int64_t v131 = (int64_t)d_V;
     const int64_t v132 = v131 + 2048;
     const int64_t v133 = v132 - 1;
     const int64_t v134 = v133 / 2048;
     const int64_t v135 = (v134 > 1 ? v134 : 1);
-    const int64_t v136 = (int64_t)BT;
+    const int64_t v136 = (int64_t)d_BT;
     const bool v137 = v136 == 0;
-    const int64_t v138 = (int64_t)H;
+    const int64_t v138 = (int64_t)d_H;
     const bool v139 = v138 == 0;
     const bool v140 = v137 || v139;
     const int64_t v141 = v136 + 128;
@@ -5880,7 +5880,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v161 = (v160 > 1 ? v160 : 1);
     const int64_t v162 = (int64_t)ws_ws_acc0->address();
     const int64_t v163 = (2 > 1 ? 2 : 1);
-    const int64_t v164 = (int64_t)input_grad->address();
+    const int64_t v164 = (int64_t)t_input_grad->address();
     const int64_t v165 = v158 * 128;
     const int64_t v166 = 0 + v165;
     const int64_t v167 = v161 * 4096;
@@ -5898,16 +5898,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
     const int64_t v180 = v161 * v179;
-    const int64_t v181 = (int64_t)V;
+    const int64_t v181 = (int64_t)d_V;
     const bool v182 = v181 == 0;
-    const int64_t v183 = (int64_t)H;
+    const int64_t v183 = (int64_t)d_H;
     const bool v184 = v183 == 0;
     const bool v185 = v182 || v184;
     const int64_t v186 = v181 + 128;
     const int64_t v187 = v186 - 1;
     const int64_t v188 = v187 / 128;
     const int64_t v189 = (v185 ? 0 : v188);
-    const int64_t v190 = (int64_t)BT;
+    const int64_t v190 = (int64_t)d_BT;
     const int64_t v191 = v190 + 2048;
     const int64_t v192 = v191 - 1;
     const int64_t v193 = v192 / 2048;
@@ -5942,12 +5942,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v219 = 128 + 31;
     const int64_t v220 = v219 / 32;
     const int64_t v221 = (v220 > 1 ? v220 : 1);
-    const int64_t v222 = (int64_t)softmax->address();
+    const int64_t v222 = (int64_t)t_softmax->address();
     const int64_t v223 = (1 > 1 ? 1 : 1);
-    const int64_t v224 = (int64_t)masked_target->address();
-    const int64_t v225 = (int64_t)target_mask->address();
+    const int64_t v224 = (int64_t)t_masked_target->address();
+    const int64_t v225 = (int64_t)t_target_mask->address();
     const int64_t v226 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v227 = (int64_t)grad->address();
+    const int64_t v227 = (int64_t)t_grad->address();
     const int64_t v228 = v206 * 2048;
     const int64_t v229 = v228 + 31;
     const int64_t v230 = v229 / 32;
@@ -5979,14 +5979,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
+    const int64_t v250 = (int64_t)t_input->address();
     const int64_t v251 = (int64_t)ws1_ws_c0->address();
     const int64_t v252 = (v242 > v241 ? v242 : v241);
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v253 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v254 = (int64_t)weight_grad->address();
+    const int64_t v254 = (int64_t)t_weight_grad->address();
     const int64_t v255 = v216 * 4096;
     const int64_t v256 = 0 + v255;
     const int64_t v257 = v221 * 4096;
@@ -6018,14 +6018,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v282 = (v281 ? 2 : 1);
     const int64_t v283 = v221 * v282;
     const int64_t v284 = v223 * v282;
-    const int64_t v285 = (int64_t)BT;
+    const int64_t v285 = (int64_t)d_BT;
     const int64_t v286 = v285 + 2048;
     const int64_t v287 = v286 - 1;
     const int64_t v288 = v287 / 2048;
     const int64_t v289 = (v288 > 1 ? v288 : 1);
-    const int64_t v290 = (int64_t)V;
+    const int64_t v290 = (int64_t)d_V;
     const bool v291 = v290 == 0;
-    const int64_t v292 = (int64_t)H;
+    const int64_t v292 = (int64_t)d_H;
     const bool v293 = v292 == 0;
     const bool v294 = v291 || v293;
     const int64_t v295 = v290 + 128;
@@ -6051,7 +6051,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v315 = (v314 > 1 ? v314 : 1);
     const int64_t v316 = (int64_t)ws1_ws_acc0->address();
     const int64_t v317 = (2 > 1 ? 2 : 1);
-    const int64_t v318 = (int64_t)weight_grad->address();
+    const int64_t v318 = (int64_t)t_weight_grad->address();
     const int64_t v319 = v312 * 128;
     const int64_t v320 = 0 + v319;
     const int64_t v321 = v315 * 4096;
@@ -6085,12 +6085,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v92) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
@@ -6109,7 +6109,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -6140,7 +6140,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -6169,12 +6169,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v283) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_softmax).append_to(ct_reader);
+        TensorAccessorArgs(*t_masked_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_target_mask).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
@@ -6193,7 +6193,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -6224,7 +6224,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -6242,25 +6242,25 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
 
 /* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_resident. */
 int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType masked_target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
-    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target_mask,
+    const std::shared_ptr<distributed::MeshBuffer>& t_masked_target,
+    float a_label_smoothing,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_softmax,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_masked_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_L,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_masked_target = t_masked_target;
+    if (int rc = opgen_tt_convert(mesh, conv_masked_target, dtype_masked_target, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_target_mask, conv_masked_target, a_label_smoothing, t_logits_max, t_sum_exp_logits, t_softmax, t_input_grad, t_weight_grad, d_BT, d_H, d_L, d_V, false);
 }
 
 }  // namespace opgen_tt

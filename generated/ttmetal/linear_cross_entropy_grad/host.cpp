@@ -201,23 +201,23 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
 
 /* linear_cross_entropy_grad.bf16: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& no_target,
-    const std::shared_ptr<distributed::MeshBuffer>& target,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t V,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_no_target,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_V,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)H;
+    const int64_t v1 = (int64_t)d_H;
     const bool v2 = v1 > 0;
-    const int64_t v3 = (int64_t)BT;
+    const int64_t v3 = (int64_t)d_BT;
     const bool v4 = v3 == 0;
     const bool v5 = v2 || v4;
     const bool v6 = v1 == 0;
@@ -225,14 +225,14 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     if (!(v7)) return opgen_tt_error("linear_cross_entropy_grad.bf16: the product over H = 0 (no elements) is not supported on the matrix unit");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_no_target;
-        { auto buf = no_target; distributed::EnqueueReadMeshBuffer(cq, data_no_target, buf, true); }
+        { auto buf = t_no_target; distributed::EnqueueReadMeshBuffer(cq, data_no_target, buf, true); }
         std::vector<uint8_t> data_target;
-        { auto buf = target; distributed::EnqueueReadMeshBuffer(cq, data_target, buf, true); }
+        { auto buf = t_target; distributed::EnqueueReadMeshBuffer(cq, data_target, buf, true); }
         for (int64_t row8 = 0; row8 < v3; ++row8) {
             const bool v9 = opgen_tt_host_load<bool>(data_no_target, row8);
             const int64_t v10 = opgen_tt_host_load<int64_t>(data_target, row8);
             const bool v11 = v10 >= 0;
-            const int64_t v12 = (int64_t)V;
+            const int64_t v12 = (int64_t)d_V;
             const bool v13 = v10 < v12;
             const bool v14 = v11 && v13;
             const bool v15 = v9 || v14;
@@ -247,7 +247,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     const int64_t v21 = v20 * 1024;
     const bool v22 = v21 <= 4294967295;
     if (!(v22)) return opgen_tt_error("linear_cross_entropy_grad.bf16: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v23 = (int64_t)V;
+    const int64_t v23 = (int64_t)d_V;
     const int64_t v24 = v23 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v19;
@@ -312,18 +312,18 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     auto ws_ws_p = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v77},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v78 = (int64_t)input->address();
-    const int64_t v79 = (int64_t)weight->address();
+    const int64_t v78 = (int64_t)t_input->address();
+    const int64_t v79 = (int64_t)t_weight->address();
     const int64_t v80 = (int64_t)ws_ws_p->address();
     const int64_t v81 = 128 + 31;
     const int64_t v82 = v81 / 32;
     const int64_t v83 = (v82 > 1 ? v82 : 1);
-    const int64_t v84 = (int64_t)logits_max->address();
-    const int64_t v85 = (int64_t)sum_exp_logits->address();
-    const int64_t v86 = (int64_t)target->address();
-    const int64_t v87 = (int64_t)no_target->address();
+    const int64_t v84 = (int64_t)t_logits_max->address();
+    const int64_t v85 = (int64_t)t_sum_exp_logits->address();
+    const int64_t v86 = (int64_t)t_target->address();
+    const int64_t v87 = (int64_t)t_no_target->address();
     const int64_t v88 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v89 = (int64_t)grad->address();
+    const int64_t v89 = (int64_t)t_grad->address();
     const int64_t v90 = v76 * 2048;
     auto ws_ws_g = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v90},
@@ -352,7 +352,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v102},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v105 = (int64_t)ws_ws_c0l->address();
-    const int64_t v106 = (int64_t)input_grad->address();
+    const int64_t v106 = (int64_t)t_input_grad->address();
     const int64_t v107 = v60 * 4096;
     const int64_t v108 = 0 + v107;
     const int64_t v109 = v63 * 128;
@@ -388,14 +388,14 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     const int64_t v138 = (v137 ? 2 : 1);
     const int64_t v139 = v83 * v138;
     const int64_t v140 = v63 * v138;
-    const int64_t v141 = (int64_t)V;
+    const int64_t v141 = (int64_t)d_V;
     const int64_t v142 = v141 + 2048;
     const int64_t v143 = v142 - 1;
     const int64_t v144 = v143 / 2048;
     const int64_t v145 = (v144 > 1 ? v144 : 1);
-    const int64_t v146 = (int64_t)BT;
+    const int64_t v146 = (int64_t)d_BT;
     const bool v147 = v146 == 0;
-    const int64_t v148 = (int64_t)H;
+    const int64_t v148 = (int64_t)d_H;
     const bool v149 = v148 == 0;
     const bool v150 = v147 || v149;
     const int64_t v151 = v146 + 128;
@@ -421,7 +421,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     const int64_t v171 = (v170 > 1 ? v170 : 1);
     const int64_t v172 = (int64_t)ws_ws_acc0->address();
     const int64_t v173 = (2 > 1 ? 2 : 1);
-    const int64_t v174 = (int64_t)input_grad->address();
+    const int64_t v174 = (int64_t)t_input_grad->address();
     const int64_t v175 = v168 * 128;
     const int64_t v176 = 0 + v175;
     const int64_t v177 = v171 * 4096;
@@ -439,16 +439,16 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     const bool v188 = v187 <= 1400000;
     const int64_t v189 = (v188 ? 2 : 1);
     const int64_t v190 = v171 * v189;
-    const int64_t v191 = (int64_t)V;
+    const int64_t v191 = (int64_t)d_V;
     const bool v192 = v191 == 0;
-    const int64_t v193 = (int64_t)H;
+    const int64_t v193 = (int64_t)d_H;
     const bool v194 = v193 == 0;
     const bool v195 = v192 || v194;
     const int64_t v196 = v191 + 128;
     const int64_t v197 = v196 - 1;
     const int64_t v198 = v197 / 128;
     const int64_t v199 = (v195 ? 0 : v198);
-    const int64_t v200 = (int64_t)BT;
+    const int64_t v200 = (int64_t)d_BT;
     const int64_t v201 = v200 + 2048;
     const int64_t v202 = v201 - 1;
     const int64_t v203 = v202 / 2048;
@@ -498,18 +498,18 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     auto ws1_ws_p = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v243},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v244 = (int64_t)input->address();
-    const int64_t v245 = (int64_t)weight->address();
+    const int64_t v244 = (int64_t)t_input->address();
+    const int64_t v245 = (int64_t)t_weight->address();
     const int64_t v246 = (int64_t)ws1_ws_p->address();
     const int64_t v247 = 128 + 31;
     const int64_t v248 = v247 / 32;
     const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = (int64_t)logits_max->address();
-    const int64_t v251 = (int64_t)sum_exp_logits->address();
-    const int64_t v252 = (int64_t)target->address();
-    const int64_t v253 = (int64_t)no_target->address();
+    const int64_t v250 = (int64_t)t_logits_max->address();
+    const int64_t v251 = (int64_t)t_sum_exp_logits->address();
+    const int64_t v252 = (int64_t)t_target->address();
+    const int64_t v253 = (int64_t)t_no_target->address();
     const int64_t v254 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v255 = (int64_t)grad->address();
+    const int64_t v255 = (int64_t)t_grad->address();
     const int64_t v256 = v242 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v256},
@@ -541,7 +541,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v271},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v274 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v275 = (int64_t)weight_grad->address();
+    const int64_t v275 = (int64_t)t_weight_grad->address();
     const int64_t v276 = v226 * 4096;
     const int64_t v277 = 0 + v276;
     const int64_t v278 = v229 * 128;
@@ -577,14 +577,14 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     const int64_t v307 = (v306 ? 2 : 1);
     const int64_t v308 = v249 * v307;
     const int64_t v309 = v229 * v307;
-    const int64_t v310 = (int64_t)BT;
+    const int64_t v310 = (int64_t)d_BT;
     const int64_t v311 = v310 + 2048;
     const int64_t v312 = v311 - 1;
     const int64_t v313 = v312 / 2048;
     const int64_t v314 = (v313 > 1 ? v313 : 1);
-    const int64_t v315 = (int64_t)V;
+    const int64_t v315 = (int64_t)d_V;
     const bool v316 = v315 == 0;
-    const int64_t v317 = (int64_t)H;
+    const int64_t v317 = (int64_t)d_H;
     const bool v318 = v317 == 0;
     const bool v319 = v316 || v318;
     const int64_t v320 = v315 + 128;
@@ -610,7 +610,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
     const int64_t v340 = (v339 > 1 ? v339 : 1);
     const int64_t v341 = (int64_t)ws1_ws_acc0->address();
     const int64_t v342 = (2 > 1 ? 2 : 1);
-    const int64_t v343 = (int64_t)weight_grad->address();
+    const int64_t v343 = (int64_t)t_weight_grad->address();
     const int64_t v344 = v337 * 128;
     const int64_t v345 = 0 + v344;
     const int64_t v346 = v340 * 4096;
@@ -646,14 +646,14 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v139) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*target).append_to(ct_reader);
-        TensorAccessorArgs(*no_target).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_logits_max).append_to(ct_reader);
+        TensorAccessorArgs(*t_sum_exp_logits).append_to(ct_reader);
+        TensorAccessorArgs(*t_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_no_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
@@ -676,7 +676,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/linear_cross_entropy_grad.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v52; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -707,7 +707,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/linear_cross_entropy_grad.bf16/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_input_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/linear_cross_entropy_grad.bf16/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v167; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -738,14 +738,14 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v226) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v308) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
+        TensorAccessorArgs(*t_input).append_to(ct_reader);
+        TensorAccessorArgs(*t_weight).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*target).append_to(ct_reader);
-        TensorAccessorArgs(*no_target).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
+        TensorAccessorArgs(*t_logits_max).append_to(ct_reader);
+        TensorAccessorArgs(*t_sum_exp_logits).append_to(ct_reader);
+        TensorAccessorArgs(*t_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_no_target).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
@@ -768,7 +768,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/linear_cross_entropy_grad.bf16/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v216; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -799,7 +799,7 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/linear_cross_entropy_grad.bf16/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
+        TensorAccessorArgs(*t_weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/linear_cross_entropy_grad.bf16/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v336; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -817,22 +817,22 @@ static int opgen_tt_linear_cross_entropy_grad_bf16_resident(distributed::MeshDev
 
 /* linear_cross_entropy_grad.bf16: schedules tried in order: opgen_tt_linear_cross_entropy_grad_bf16_resident. */
 int opgen_tt_linear_cross_entropy_grad_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& no_target,
-    const std::shared_ptr<distributed::MeshBuffer>& target,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t V) {
-    std::shared_ptr<distributed::MeshBuffer> target_conv = target;
-    if (int rc = opgen_tt_convert(mesh, target_conv, target_dtype, IndexType::Int64)) return rc;
-    return opgen_tt_linear_cross_entropy_grad_bf16_resident(mesh, kernel_dir, grid, grad, input, weight, no_target, target_conv, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, V, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_no_target,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_V) {
+    std::shared_ptr<distributed::MeshBuffer> conv_target = t_target;
+    if (int rc = opgen_tt_convert(mesh, conv_target, dtype_target, IndexType::Int64)) return rc;
+    return opgen_tt_linear_cross_entropy_grad_bf16_resident(mesh, kernel_dir, grid, t_grad, t_input, t_weight, t_no_target, conv_target, t_logits_max, t_sum_exp_logits, t_input_grad, t_weight_grad, d_BT, d_H, d_V, false);
 }
 
 }  // namespace opgen_tt

@@ -34,18 +34,18 @@ inline uint32_t index_size(IndexType t) {
 }
 
 int opgen_tt_linear_cross_entropy_grad_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& no_target,
-    const std::shared_ptr<distributed::MeshBuffer>& target,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    IndexType target_dtype,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t V);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight,
+    const std::shared_ptr<distributed::MeshBuffer>& t_no_target,
+    const std::shared_ptr<distributed::MeshBuffer>& t_target,
+    const std::shared_ptr<distributed::MeshBuffer>& t_logits_max,
+    const std::shared_ptr<distributed::MeshBuffer>& t_sum_exp_logits,
+    const std::shared_ptr<distributed::MeshBuffer>& t_input_grad,
+    const std::shared_ptr<distributed::MeshBuffer>& t_weight_grad,
+    IndexType dtype_target,
+    uint32_t d_BT,
+    uint32_t d_H,
+    uint32_t d_V);
 
 }  // namespace opgen_tt

@@ -201,19 +201,19 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
 
 /* rms_norm_backward.f32: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)D;
+    const int64_t v1 = (int64_t)d_D;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)N;
+    const int64_t v3 = (int64_t)d_N;
     const bool v4 = v3 == 0;
     const bool v5 = v4 || v2;
     const bool v6 = v2 && v5;
@@ -232,18 +232,18 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     const int64_t v18 = v1 + 31;
     const int64_t v19 = v18 / 32;
     const int64_t v20 = (v19 > 1 ? v19 : 1);
-    const int64_t v21 = (int64_t)w->address();
+    const int64_t v21 = (int64_t)t_w->address();
     const int64_t v22 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v23 = (int64_t)grad_y->address();
-    const int64_t v24 = (int64_t)x->address();
+    const int64_t v23 = (int64_t)t_grad_y->address();
+    const int64_t v24 = (int64_t)t_x->address();
     const int64_t v25 = (1 > 1 ? 1 : 1);
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (6 > 1 ? 6 : 1);
     const float v28 = (float)(v1);
     const int64_t v29 = (int64_t)opgen_tt_bits(v28);
-    const float v30 = eps;
+    const float v30 = a_eps;
     const int64_t v31 = (int64_t)opgen_tt_bits(v30);
-    const int64_t v32 = (int64_t)grad_x->address();
+    const int64_t v32 = (int64_t)t_grad_x->address();
     const int64_t v33 = (3 > 1 ? 3 : 1);
     const int64_t v34 = v16 * v19;
     const int64_t v35 = (v34 > 1 ? v34 : 1);
@@ -279,7 +279,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     const bool v61 = v60 <= 1400000;
     const int64_t v62 = (v61 ? 2 : 1);
     const int64_t v63 = v20 * v62;
-    const int64_t v64 = (int64_t)D;
+    const int64_t v64 = (int64_t)d_D;
     const int64_t v65 = v64 + 32;
     const int64_t v66 = v65 - 1;
     const int64_t v67 = v66 / 32;
@@ -288,7 +288,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     const int64_t v70 = v69 / 32;
     const int64_t v71 = (v70 > 1 ? v70 : 1);
     const int64_t v72 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v73 = (int64_t)N;
+    const int64_t v73 = (int64_t)d_N;
     const int64_t v74 = v73 + 32;
     const int64_t v75 = v74 - 1;
     const int64_t v76 = v75 / 32;
@@ -301,7 +301,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     const int64_t v83 = v82 / v80;
     const int64_t v84 = (int64_t)ws_partials0->address();
     const int64_t v85 = (2 > 1 ? 2 : 1);
-    const int64_t v86 = (int64_t)grad_w->address();
+    const int64_t v86 = (int64_t)t_grad_w->address();
     const int64_t v87 = v71 * 4096;
     const int64_t v88 = 0 + v87;
     const int64_t v89 = v88 + v87;
@@ -331,9 +331,9 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // per-row values
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v33) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // column-sum operand (hi, mid, lo)
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*w).append_to(ct_reader);
-        TensorAccessorArgs(*grad_y).append_to(ct_reader);
-        TensorAccessorArgs(*x).append_to(ct_reader);
+        TensorAccessorArgs(*t_w).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*t_x).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -347,7 +347,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
         utd_0[12] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_x).append_to(ct_writer);
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
@@ -376,7 +376,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v68; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -394,19 +394,19 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
 
 /* rms_norm_backward.f32.cached: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)D;
+    const int64_t v1 = (int64_t)d_D;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)N;
+    const int64_t v3 = (int64_t)d_N;
     const bool v4 = v3 == 0;
     const bool v5 = v4 || v2;
     const bool v6 = v2 && v5;
@@ -431,11 +431,11 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
     const int64_t v24 = (v23 > 1 ? v23 : 1);
     const int64_t v25 = v21 * v24;
     const int64_t v26 = (v25 > 1 ? v25 : 1);
-    const int64_t v27 = (int64_t)x->address();
+    const int64_t v27 = (int64_t)t_x->address();
     const int64_t v28 = (2 > 1 ? 2 : 1);
     const int64_t v29 = (6 > 1 ? 6 : 1);
-    const int64_t v30 = (int64_t)grad_y->address();
-    const int64_t v31 = (int64_t)w->address();
+    const int64_t v30 = (int64_t)t_grad_y->address();
+    const int64_t v31 = (int64_t)t_w->address();
     const int64_t v32 = v1 + 31;
     const int64_t v33 = v32 / 32;
     const int64_t v34 = v9 * v33;
@@ -446,11 +446,11 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
     const float v37 = (float)(v1);
     const int64_t v38 = (int64_t)opgen_tt_bits(v37);
-    const float v39 = eps;
+    const float v39 = a_eps;
     const int64_t v40 = (int64_t)opgen_tt_bits(v39);
     const int64_t v41 = (3 > 1 ? 3 : 1);
     const int64_t v42 = (int64_t)ws_partials0->address();
-    const int64_t v43 = (int64_t)grad_x->address();
+    const int64_t v43 = (int64_t)t_grad_x->address();
     const int64_t v44 = v11 * 4096;
     const int64_t v45 = 0 + v44;
     const int64_t v46 = v45 + v44;
@@ -479,7 +479,7 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
     const bool v68 = v67 <= 1400000;
     const int64_t v69 = (v68 ? 2 : 1);
     const int64_t v70 = v24 * v69;
-    const int64_t v71 = (int64_t)D;
+    const int64_t v71 = (int64_t)d_D;
     const int64_t v72 = v71 + 32;
     const int64_t v73 = v72 - 1;
     const int64_t v74 = v73 / 32;
@@ -488,13 +488,13 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
     const int64_t v77 = v76 / 32;
     const int64_t v78 = (v77 > 1 ? v77 : 1);
     const int64_t v79 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v80 = (int64_t)N;
+    const int64_t v80 = (int64_t)d_N;
     const int64_t v81 = v80 + 32;
     const int64_t v82 = v81 - 1;
     const int64_t v83 = v82 / 32;
     const int64_t v84 = (int64_t)ws_partials0->address();
     const int64_t v85 = (2 > 1 ? 2 : 1);
-    const int64_t v86 = (int64_t)grad_w->address();
+    const int64_t v86 = (int64_t)t_grad_w->address();
     const int64_t v87 = v78 * 4096;
     const int64_t v88 = 0 + v87;
     const int64_t v89 = v88 + v87;
@@ -523,9 +523,9 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out); grad_x (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v41) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*x).append_to(ct_reader);
-        TensorAccessorArgs(*grad_y).append_to(ct_reader);
-        TensorAccessorArgs(*w).append_to(ct_reader);
+        TensorAccessorArgs(*t_x).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*t_w).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -539,7 +539,7 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
-        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_x).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -567,7 +567,7 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v75; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -585,19 +585,19 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
 
 /* rms_norm_backward.f32.streamed: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)D;
+    const int64_t v1 = (int64_t)d_D;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)N;
+    const int64_t v3 = (int64_t)d_N;
     const bool v4 = v3 == 0;
     const bool v5 = v4 || v2;
     const bool v6 = v2 && v5;
@@ -620,11 +620,11 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     const int64_t v22 = v18 + 31;
     const int64_t v23 = v22 / 32;
     const int64_t v24 = (v23 > 1 ? v23 : 1);
-    const int64_t v25 = (int64_t)x->address();
+    const int64_t v25 = (int64_t)t_x->address();
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (6 > 1 ? 6 : 1);
-    const int64_t v28 = (int64_t)grad_y->address();
-    const int64_t v29 = (int64_t)w->address();
+    const int64_t v28 = (int64_t)t_grad_y->address();
+    const int64_t v29 = (int64_t)t_w->address();
     const int64_t v30 = v1 + 31;
     const int64_t v31 = v30 / 32;
     const int64_t v32 = v9 * v31;
@@ -635,11 +635,11 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
     const float v35 = (float)(v1);
     const int64_t v36 = (int64_t)opgen_tt_bits(v35);
-    const float v37 = eps;
+    const float v37 = a_eps;
     const int64_t v38 = (int64_t)opgen_tt_bits(v37);
     const int64_t v39 = (3 > 1 ? 3 : 1);
     const int64_t v40 = (int64_t)ws_partials0->address();
-    const int64_t v41 = (int64_t)grad_x->address();
+    const int64_t v41 = (int64_t)t_grad_x->address();
     const int64_t v42 = v11 * 4096;
     const int64_t v43 = 0 + v42;
     const int64_t v44 = v43 + v42;
@@ -669,7 +669,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     const bool v67 = v66 <= 1400000;
     const int64_t v68 = (v67 ? 2 : 1);
     const int64_t v69 = v24 * v68;
-    const int64_t v70 = (int64_t)D;
+    const int64_t v70 = (int64_t)d_D;
     const int64_t v71 = v70 + 32;
     const int64_t v72 = v71 - 1;
     const int64_t v73 = v72 / 32;
@@ -678,13 +678,13 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     const int64_t v76 = v75 / 32;
     const int64_t v77 = (v76 > 1 ? v76 : 1);
     const int64_t v78 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v79 = (int64_t)N;
+    const int64_t v79 = (int64_t)d_N;
     const int64_t v80 = v79 + 32;
     const int64_t v81 = v80 - 1;
     const int64_t v82 = v81 / 32;
     const int64_t v83 = (int64_t)ws_partials0->address();
     const int64_t v84 = (2 > 1 ? 2 : 1);
-    const int64_t v85 = (int64_t)grad_w->address();
+    const int64_t v85 = (int64_t)t_grad_w->address();
     const int64_t v86 = v77 * 4096;
     const int64_t v87 = 0 + v86;
     const int64_t v88 = v87 + v86;
@@ -713,9 +713,9 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out); grad_x (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v39) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*x).append_to(ct_reader);
-        TensorAccessorArgs(*grad_y).append_to(ct_reader);
-        TensorAccessorArgs(*w).append_to(ct_reader);
+        TensorAccessorArgs(*t_x).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*t_w).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -729,7 +729,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
-        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_x).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -757,7 +757,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v74; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -775,34 +775,34 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
 
 /* rms_norm_backward.f32: schedules tried in order: opgen_tt_rms_norm_backward_f32_resident, opgen_tt_rms_norm_backward_f32_cached, opgen_tt_rms_norm_backward_f32_streamed. */
 int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N) {
-    if (int rc = opgen_tt_rms_norm_backward_f32_resident(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
-    if (int rc = opgen_tt_rms_norm_backward_f32_cached(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
-    return opgen_tt_rms_norm_backward_f32_streamed(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N) {
+    if (int rc = opgen_tt_rms_norm_backward_f32_resident(mesh, kernel_dir, grid, t_grad_y, t_x, t_w, a_eps, t_grad_x, t_grad_w, d_D, d_N, true); rc != 2) return rc;
+    if (int rc = opgen_tt_rms_norm_backward_f32_cached(mesh, kernel_dir, grid, t_grad_y, t_x, t_w, a_eps, t_grad_x, t_grad_w, d_D, d_N, true); rc != 2) return rc;
+    return opgen_tt_rms_norm_backward_f32_streamed(mesh, kernel_dir, grid, t_grad_y, t_x, t_w, a_eps, t_grad_x, t_grad_w, d_D, d_N, false);
 }
 
 /* rms_norm_backward.bf16: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)D;
+    const int64_t v1 = (int64_t)d_D;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)N;
+    const int64_t v3 = (int64_t)d_N;
     const bool v4 = v3 == 0;
     const bool v5 = v4 || v2;
     const bool v6 = v2 && v5;
@@ -821,18 +821,18 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     const int64_t v18 = v1 + 31;
     const int64_t v19 = v18 / 32;
     const int64_t v20 = (v19 > 1 ? v19 : 1);
-    const int64_t v21 = (int64_t)w->address();
+    const int64_t v21 = (int64_t)t_w->address();
     const int64_t v22 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v23 = (int64_t)grad_y->address();
-    const int64_t v24 = (int64_t)x->address();
+    const int64_t v23 = (int64_t)t_grad_y->address();
+    const int64_t v24 = (int64_t)t_x->address();
     const int64_t v25 = (1 > 1 ? 1 : 1);
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (6 > 1 ? 6 : 1);
     const float v28 = (float)(v1);
     const int64_t v29 = (int64_t)opgen_tt_bits(v28);
-    const float v30 = eps;
+    const float v30 = a_eps;
     const int64_t v31 = (int64_t)opgen_tt_bits(v30);
-    const int64_t v32 = (int64_t)grad_x->address();
+    const int64_t v32 = (int64_t)t_grad_x->address();
     const int64_t v33 = (3 > 1 ? 3 : 1);
     const int64_t v34 = v16 * v19;
     const int64_t v35 = (v34 > 1 ? v34 : 1);
@@ -871,7 +871,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     const bool v64 = v63 <= 1400000;
     const int64_t v65 = (v64 ? 2 : 1);
     const int64_t v66 = v20 * v65;
-    const int64_t v67 = (int64_t)D;
+    const int64_t v67 = (int64_t)d_D;
     const int64_t v68 = v67 + 32;
     const int64_t v69 = v68 - 1;
     const int64_t v70 = v69 / 32;
@@ -880,7 +880,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     const int64_t v73 = v72 / 32;
     const int64_t v74 = (v73 > 1 ? v73 : 1);
     const int64_t v75 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v76 = (int64_t)N;
+    const int64_t v76 = (int64_t)d_N;
     const int64_t v77 = v76 + 32;
     const int64_t v78 = v77 - 1;
     const int64_t v79 = v78 / 32;
@@ -893,7 +893,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     const int64_t v86 = v85 / v83;
     const int64_t v87 = (int64_t)ws_partials0->address();
     const int64_t v88 = (2 > 1 ? 2 : 1);
-    const int64_t v89 = (int64_t)grad_w->address();
+    const int64_t v89 = (int64_t)t_grad_w->address();
     const int64_t v90 = v74 * 4096;
     const int64_t v91 = 0 + v90;
     const int64_t v92 = v91 + v90;
@@ -924,9 +924,9 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v33) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // column-sum operand (hi, mid, lo)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{14, tt::DataFormat::Float32}}).set_page_size(14, 4096));  // ws_partials0 (out)
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*w).append_to(ct_reader);
-        TensorAccessorArgs(*grad_y).append_to(ct_reader);
-        TensorAccessorArgs(*x).append_to(ct_reader);
+        TensorAccessorArgs(*t_w).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*t_x).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -937,7 +937,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         utd_0[12] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_x).append_to(ct_writer);
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
@@ -966,7 +966,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v71; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -984,19 +984,19 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
 
 /* rms_norm_backward.bf16.cached: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)D;
+    const int64_t v1 = (int64_t)d_D;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)N;
+    const int64_t v3 = (int64_t)d_N;
     const bool v4 = v3 == 0;
     const bool v5 = v4 || v2;
     const bool v6 = v2 && v5;
@@ -1021,11 +1021,11 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
     const int64_t v24 = (v23 > 1 ? v23 : 1);
     const int64_t v25 = v21 * v24;
     const int64_t v26 = (v25 > 1 ? v25 : 1);
-    const int64_t v27 = (int64_t)x->address();
+    const int64_t v27 = (int64_t)t_x->address();
     const int64_t v28 = (2 > 1 ? 2 : 1);
     const int64_t v29 = (6 > 1 ? 6 : 1);
-    const int64_t v30 = (int64_t)grad_y->address();
-    const int64_t v31 = (int64_t)w->address();
+    const int64_t v30 = (int64_t)t_grad_y->address();
+    const int64_t v31 = (int64_t)t_w->address();
     const int64_t v32 = v1 + 31;
     const int64_t v33 = v32 / 32;
     const int64_t v34 = v9 * v33;
@@ -1036,11 +1036,11 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
     const float v37 = (float)(v1);
     const int64_t v38 = (int64_t)opgen_tt_bits(v37);
-    const float v39 = eps;
+    const float v39 = a_eps;
     const int64_t v40 = (int64_t)opgen_tt_bits(v39);
     const int64_t v41 = (3 > 1 ? 3 : 1);
     const int64_t v42 = (int64_t)ws_partials0->address();
-    const int64_t v43 = (int64_t)grad_x->address();
+    const int64_t v43 = (int64_t)t_grad_x->address();
     const int64_t v44 = v11 * 4096;
     const int64_t v45 = 0 + v44;
     const int64_t v46 = v45 + v44;
@@ -1070,7 +1070,7 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
     const bool v69 = v68 <= 1400000;
     const int64_t v70 = (v69 ? 2 : 1);
     const int64_t v71 = v24 * v70;
-    const int64_t v72 = (int64_t)D;
+    const int64_t v72 = (int64_t)d_D;
     const int64_t v73 = v72 + 32;
     const int64_t v74 = v73 - 1;
     const int64_t v75 = v74 / 32;
@@ -1079,13 +1079,13 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
     const int64_t v78 = v77 / 32;
     const int64_t v79 = (v78 > 1 ? v78 : 1);
     const int64_t v80 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v81 = (int64_t)N;
+    const int64_t v81 = (int64_t)d_N;
     const int64_t v82 = v81 + 32;
     const int64_t v83 = v82 - 1;
     const int64_t v84 = v83 / 32;
     const int64_t v85 = (int64_t)ws_partials0->address();
     const int64_t v86 = (2 > 1 ? 2 : 1);
-    const int64_t v87 = (int64_t)grad_w->address();
+    const int64_t v87 = (int64_t)t_grad_w->address();
     const int64_t v88 = v79 * 4096;
     const int64_t v89 = 0 + v88;
     const int64_t v90 = v89 + v88;
@@ -1115,9 +1115,9 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v41) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{13, tt::DataFormat::Float16_b}}).set_page_size(13, 2048));  // grad_x (out)
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*x).append_to(ct_reader);
-        TensorAccessorArgs(*grad_y).append_to(ct_reader);
-        TensorAccessorArgs(*w).append_to(ct_reader);
+        TensorAccessorArgs(*t_x).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*t_w).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -1128,7 +1128,7 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
-        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_x).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1156,7 +1156,7 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v76; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1174,19 +1174,19 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
 
 /* rms_norm_backward.bf16.streamed: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
 static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N,
     bool quiet) {
     auto& cq = mesh.mesh_command_queue();
-    const int64_t v1 = (int64_t)D;
+    const int64_t v1 = (int64_t)d_D;
     const bool v2 = v1 == 0;
-    const int64_t v3 = (int64_t)N;
+    const int64_t v3 = (int64_t)d_N;
     const bool v4 = v3 == 0;
     const bool v5 = v4 || v2;
     const bool v6 = v2 && v5;
@@ -1209,11 +1209,11 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     const int64_t v22 = v18 + 31;
     const int64_t v23 = v22 / 32;
     const int64_t v24 = (v23 > 1 ? v23 : 1);
-    const int64_t v25 = (int64_t)x->address();
+    const int64_t v25 = (int64_t)t_x->address();
     const int64_t v26 = (2 > 1 ? 2 : 1);
     const int64_t v27 = (6 > 1 ? 6 : 1);
-    const int64_t v28 = (int64_t)grad_y->address();
-    const int64_t v29 = (int64_t)w->address();
+    const int64_t v28 = (int64_t)t_grad_y->address();
+    const int64_t v29 = (int64_t)t_w->address();
     const int64_t v30 = v1 + 31;
     const int64_t v31 = v30 / 32;
     const int64_t v32 = v9 * v31;
@@ -1224,11 +1224,11 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
     const float v35 = (float)(v1);
     const int64_t v36 = (int64_t)opgen_tt_bits(v35);
-    const float v37 = eps;
+    const float v37 = a_eps;
     const int64_t v38 = (int64_t)opgen_tt_bits(v37);
     const int64_t v39 = (3 > 1 ? 3 : 1);
     const int64_t v40 = (int64_t)ws_partials0->address();
-    const int64_t v41 = (int64_t)grad_x->address();
+    const int64_t v41 = (int64_t)t_grad_x->address();
     const int64_t v42 = v11 * 4096;
     const int64_t v43 = 0 + v42;
     const int64_t v44 = v43 + v42;
@@ -1259,7 +1259,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     const bool v68 = v67 <= 1400000;
     const int64_t v69 = (v68 ? 2 : 1);
     const int64_t v70 = v24 * v69;
-    const int64_t v71 = (int64_t)D;
+    const int64_t v71 = (int64_t)d_D;
     const int64_t v72 = v71 + 32;
     const int64_t v73 = v72 - 1;
     const int64_t v74 = v73 / 32;
@@ -1268,13 +1268,13 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     const int64_t v77 = v76 / 32;
     const int64_t v78 = (v77 > 1 ? v77 : 1);
     const int64_t v79 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v80 = (int64_t)N;
+    const int64_t v80 = (int64_t)d_N;
     const int64_t v81 = v80 + 32;
     const int64_t v82 = v81 - 1;
     const int64_t v83 = v82 / 32;
     const int64_t v84 = (int64_t)ws_partials0->address();
     const int64_t v85 = (2 > 1 ? 2 : 1);
-    const int64_t v86 = (int64_t)grad_w->address();
+    const int64_t v86 = (int64_t)t_grad_w->address();
     const int64_t v87 = v78 * 4096;
     const int64_t v88 = 0 + v87;
     const int64_t v89 = v88 + v87;
@@ -1304,9 +1304,9 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v39) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{13, tt::DataFormat::Float16_b}}).set_page_size(13, 2048));  // grad_x (out)
         std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*x).append_to(ct_reader);
-        TensorAccessorArgs(*grad_y).append_to(ct_reader);
-        TensorAccessorArgs(*w).append_to(ct_reader);
+        TensorAccessorArgs(*t_x).append_to(ct_reader);
+        TensorAccessorArgs(*t_grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*t_w).append_to(ct_reader);
         const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
@@ -1317,7 +1317,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
-        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_x).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1345,7 +1345,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        TensorAccessorArgs(*t_grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v75; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
@@ -1363,17 +1363,17 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
 
 /* rms_norm_backward.bf16: schedules tried in order: opgen_tt_rms_norm_backward_bf16_resident, opgen_tt_rms_norm_backward_bf16_cached, opgen_tt_rms_norm_backward_bf16_streamed. */
 int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N) {
-    if (int rc = opgen_tt_rms_norm_backward_bf16_resident(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
-    if (int rc = opgen_tt_rms_norm_backward_bf16_cached(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
-    return opgen_tt_rms_norm_backward_bf16_streamed(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, false);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N) {
+    if (int rc = opgen_tt_rms_norm_backward_bf16_resident(mesh, kernel_dir, grid, t_grad_y, t_x, t_w, a_eps, t_grad_x, t_grad_w, d_D, d_N, true); rc != 2) return rc;
+    if (int rc = opgen_tt_rms_norm_backward_bf16_cached(mesh, kernel_dir, grid, t_grad_y, t_x, t_w, a_eps, t_grad_x, t_grad_w, d_D, d_N, true); rc != 2) return rc;
+    return opgen_tt_rms_norm_backward_bf16_streamed(mesh, kernel_dir, grid, t_grad_y, t_x, t_w, a_eps, t_grad_x, t_grad_w, d_D, d_N, false);
 }
 
 }  // namespace opgen_tt

@@ -34,22 +34,22 @@ inline uint32_t index_size(IndexType t) {
 }
 
 int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N);
 int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
-    const std::shared_ptr<distributed::MeshBuffer>& x,
-    const std::shared_ptr<distributed::MeshBuffer>& w,
-    float eps,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
-    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
-    uint32_t D,
-    uint32_t N);
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& t_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_w,
+    float a_eps,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& t_grad_w,
+    uint32_t d_D,
+    uint32_t d_N);
 
 }  // namespace opgen_tt

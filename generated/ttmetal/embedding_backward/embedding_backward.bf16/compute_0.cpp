@@ -27,15 +27,15 @@
 #include "api/compute/matmul.h"
 
 void kernel_main() {
-    const uint32_t N1 = get_arg_val<uint32_t>(0);
-    const uint32_t D = get_arg_val<uint32_t>(1);
+    const uint32_t d_N1 = get_arg_val<uint32_t>(0);
+    const uint32_t d_D = get_arg_val<uint32_t>(1);
     const uint32_t strip = get_arg_val<uint32_t>(2);
     const uint32_t core = get_arg_val<uint32_t>(3);
     const uint32_t cores = get_arg_val<uint32_t>(4);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
-    const uint32_t v1 = N1 + 31;
+    const uint32_t v1 = d_N1 + 31;
     const uint32_t v2 = v1 / 32;
-    const uint32_t v3 = D + 31;
+    const uint32_t v3 = d_D + 31;
     const uint32_t v4 = v3 / 32;
     const uint32_t v5 = v2 * v4;
     const uint32_t v6 = strip - 1;

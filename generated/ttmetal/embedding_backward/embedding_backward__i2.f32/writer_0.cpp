@@ -3,17 +3,17 @@
 #include "api/dataflow/dataflow_api.h"
 
 void kernel_main() {
-    const uint32_t dtable1_addr = get_arg_val<uint32_t>(0);
-    constexpr auto dtable1_args = TensorAccessorArgs<0>();
-    const auto dtable1 = TensorAccessor(dtable1_args, dtable1_addr, 4096);
-    const uint32_t N1 = get_arg_val<uint32_t>(1);
-    const uint32_t D = get_arg_val<uint32_t>(2);
+    const uint32_t addr_t_dtable1 = get_arg_val<uint32_t>(0);
+    constexpr auto args_t_dtable1 = TensorAccessorArgs<0>();
+    const auto t_dtable1 = TensorAccessor(args_t_dtable1, addr_t_dtable1, 4096);
+    const uint32_t d_N1 = get_arg_val<uint32_t>(1);
+    const uint32_t d_D = get_arg_val<uint32_t>(2);
     const uint32_t strip = get_arg_val<uint32_t>(3);
     const uint32_t core = get_arg_val<uint32_t>(4);
     const uint32_t cores = get_arg_val<uint32_t>(5);
-    const uint32_t v1 = N1 + 31;
+    const uint32_t v1 = d_N1 + 31;
     const uint32_t v2 = v1 / 32;
-    const uint32_t v3 = D + 31;
+    const uint32_t v3 = d_D + 31;
     const uint32_t v4 = v3 / 32;
     const uint32_t v5 = v2 * v4;
     const uint32_t v6 = strip - 1;
@@ -30,7 +30,7 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_5, 1);
             const uint32_t v17 = v15 + v16;
             const uint32_t v18 = get_read_ptr(tt::CBIndex::c_5);
-            noc_async_write_page(v17, dtable1, v18);
+            noc_async_write_page(v17, t_dtable1, v18);
             noc_async_writes_flushed();
             cb_pop_front(tt::CBIndex::c_5, 1);
         }

@@ -4,27 +4,27 @@
 #include "../opgen_tt_dataflow.h"
 
 void kernel_main() {
-    const uint32_t plan_addr = get_arg_val<uint32_t>(0);
-    constexpr auto plan_args = TensorAccessorArgs<0>();
-    const auto plan = TensorAccessor(plan_args, plan_addr, 128);
-    const uint32_t dy_addr = get_arg_val<uint32_t>(1);
-    constexpr auto dy_args = TensorAccessorArgs<plan_args.next_compile_time_args_offset()>();
-    const auto dy = TensorAccessor(dy_args, dy_addr, 2048);
-    const uint32_t N1 = get_arg_val<uint32_t>(2);
-    const uint32_t D = get_arg_val<uint32_t>(3);
+    const uint32_t addr_plan = get_arg_val<uint32_t>(0);
+    constexpr auto args_plan = TensorAccessorArgs<0>();
+    const auto plan = TensorAccessor(args_plan, addr_plan, 128);
+    const uint32_t addr_t_dy = get_arg_val<uint32_t>(1);
+    constexpr auto args_t_dy = TensorAccessorArgs<args_plan.next_compile_time_args_offset()>();
+    const auto t_dy = TensorAccessor(args_t_dy, addr_t_dy, 2048);
+    const uint32_t d_N1 = get_arg_val<uint32_t>(2);
+    const uint32_t d_D = get_arg_val<uint32_t>(3);
     const uint32_t strip = get_arg_val<uint32_t>(4);
     const uint32_t core = get_arg_val<uint32_t>(5);
     const uint32_t cores = get_arg_val<uint32_t>(6);
-    const uint32_t dtable1_addr = get_arg_val<uint32_t>(7);
-    constexpr auto dtable1_args = TensorAccessorArgs<dy_args.next_compile_time_args_offset()>();
-    const auto dtable1 = TensorAccessor(dtable1_args, dtable1_addr, 2048);
-    const uint32_t dtable1_acc = get_arg_val<uint32_t>(8);
+    const uint32_t addr_t_dtable1 = get_arg_val<uint32_t>(7);
+    constexpr auto args_t_dtable1 = TensorAccessorArgs<args_t_dy.next_compile_time_args_offset()>();
+    const auto t_dtable1 = TensorAccessor(args_t_dtable1, addr_t_dtable1, 2048);
+    const uint32_t a_dtable1_acc = get_arg_val<uint32_t>(8);
     cb_reserve_back(tt::CBIndex::c_1, 19);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_1);
     opgen_tt_plan_cache_init(v1);
-    const uint32_t v2 = N1 + 31;
+    const uint32_t v2 = d_N1 + 31;
     const uint32_t v3 = v2 / 32;
-    const uint32_t v4 = D + 31;
+    const uint32_t v4 = d_D + 31;
     const uint32_t v5 = v4 / 32;
     const uint32_t v6 = v3 * v5;
     const uint32_t v7 = strip - 1;
@@ -58,7 +58,7 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_4, 1);
             const uint32_t v29 = v16 + v17;
             const uint32_t v30 = get_write_ptr(tt::CBIndex::c_4);
-            opgen_tt_read_tile_or_zero(dtable1, v29, v30, 2048, dtable1_acc);
+            opgen_tt_read_tile_or_zero(t_dtable1, v29, v30, 2048, a_dtable1_acc);
             cb_push_back(tt::CBIndex::c_4, 1);
             const uint32_t v31 = v26 + 1;
             for (uint32_t b32 = 1; b32 < v31; b32 += 1) {
@@ -67,7 +67,7 @@ void kernel_main() {
                 cb_reserve_back(tt::CBIndex::c_2, 1);
                 const uint32_t v35 = get_write_ptr(tt::CBIndex::c_2);
                 const volatile tt_l1_ptr uint32_t* v36 = opgen_tt_l1_words(v34);
-                opgen_tt_gather_rows(dy, v35, 2048, v36, v17, v5);
+                opgen_tt_gather_rows(t_dy, v35, 2048, v36, v17, v5);
                 cb_push_back(tt::CBIndex::c_2, 1);
             }
         }

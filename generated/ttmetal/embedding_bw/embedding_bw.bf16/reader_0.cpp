@@ -4,23 +4,23 @@
 #include "../opgen_tt_dataflow.h"
 
 void kernel_main() {
-    const uint32_t plan_addr = get_arg_val<uint32_t>(0);
-    constexpr auto plan_args = TensorAccessorArgs<0>();
-    const auto plan = TensorAccessor(plan_args, plan_addr, 128);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(1);
-    constexpr auto grad_args = TensorAccessorArgs<plan_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 2048);
-    const uint32_t V = get_arg_val<uint32_t>(2);
-    const uint32_t D = get_arg_val<uint32_t>(3);
+    const uint32_t addr_plan = get_arg_val<uint32_t>(0);
+    constexpr auto args_plan = TensorAccessorArgs<0>();
+    const auto plan = TensorAccessor(args_plan, addr_plan, 128);
+    const uint32_t addr_t_grad = get_arg_val<uint32_t>(1);
+    constexpr auto args_t_grad = TensorAccessorArgs<args_plan.next_compile_time_args_offset()>();
+    const auto t_grad = TensorAccessor(args_t_grad, addr_t_grad, 2048);
+    const uint32_t d_V = get_arg_val<uint32_t>(2);
+    const uint32_t d_D = get_arg_val<uint32_t>(3);
     const uint32_t strip = get_arg_val<uint32_t>(4);
     const uint32_t core = get_arg_val<uint32_t>(5);
     const uint32_t cores = get_arg_val<uint32_t>(6);
     cb_reserve_back(tt::CBIndex::c_1, 19);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_1);
     opgen_tt_plan_cache_init(v1);
-    const uint32_t v2 = V + 31;
+    const uint32_t v2 = d_V + 31;
     const uint32_t v3 = v2 / 32;
-    const uint32_t v4 = D + 31;
+    const uint32_t v4 = d_D + 31;
     const uint32_t v5 = v4 / 32;
     const uint32_t v6 = v3 * v5;
     const uint32_t v7 = strip - 1;
@@ -58,7 +58,7 @@ void kernel_main() {
                 cb_reserve_back(tt::CBIndex::c_2, 1);
                 const uint32_t v33 = get_write_ptr(tt::CBIndex::c_2);
                 const volatile tt_l1_ptr uint32_t* v34 = opgen_tt_l1_words(v32);
-                opgen_tt_gather_rows(grad, v33, 2048, v34, v17, v5);
+                opgen_tt_gather_rows(t_grad, v33, 2048, v34, v17, v5);
                 cb_push_back(tt::CBIndex::c_2, 1);
             }
         }

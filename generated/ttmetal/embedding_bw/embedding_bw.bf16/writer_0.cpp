@@ -3,17 +3,17 @@
 #include "api/dataflow/dataflow_api.h"
 
 void kernel_main() {
-    const uint32_t out_addr = get_arg_val<uint32_t>(0);
-    constexpr auto out_args = TensorAccessorArgs<0>();
-    const auto out = TensorAccessor(out_args, out_addr, 2048);
-    const uint32_t V = get_arg_val<uint32_t>(1);
-    const uint32_t D = get_arg_val<uint32_t>(2);
+    const uint32_t addr_t_out = get_arg_val<uint32_t>(0);
+    constexpr auto args_t_out = TensorAccessorArgs<0>();
+    const auto t_out = TensorAccessor(args_t_out, addr_t_out, 2048);
+    const uint32_t d_V = get_arg_val<uint32_t>(1);
+    const uint32_t d_D = get_arg_val<uint32_t>(2);
     const uint32_t strip = get_arg_val<uint32_t>(3);
     const uint32_t core = get_arg_val<uint32_t>(4);
     const uint32_t cores = get_arg_val<uint32_t>(5);
-    const uint32_t v1 = V + 31;
+    const uint32_t v1 = d_V + 31;
     const uint32_t v2 = v1 / 32;
-    const uint32_t v3 = D + 31;
+    const uint32_t v3 = d_D + 31;
     const uint32_t v4 = v3 / 32;
     const uint32_t v5 = v2 * v4;
     const uint32_t v6 = strip - 1;
@@ -30,7 +30,7 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_4, 1);
             const uint32_t v17 = v15 + v16;
             const uint32_t v18 = get_read_ptr(tt::CBIndex::c_4);
-            noc_async_write_page(v17, out, v18);
+            noc_async_write_page(v17, t_out, v18);
             noc_async_writes_flushed();
             cb_pop_front(tt::CBIndex::c_4, 1);
         }

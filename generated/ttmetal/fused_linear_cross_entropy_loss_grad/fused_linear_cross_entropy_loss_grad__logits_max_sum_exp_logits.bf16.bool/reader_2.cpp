@@ -7,64 +7,64 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
+    const uint32_t d_V = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t slice = get_arg_val<uint32_t>(8);
     const uint32_t xblocks = get_arg_val<uint32_t>(9);
     const uint32_t panel_pages = get_arg_val<uint32_t>(10);
-    const uint32_t input_addr = get_arg_val<uint32_t>(11);
-    constexpr auto input_args = TensorAccessorArgs<0>();
-    const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(12);
-    constexpr auto weight_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
-    const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
+    const uint32_t addr_t_input = get_arg_val<uint32_t>(11);
+    constexpr auto args_t_input = TensorAccessorArgs<0>();
+    const auto t_input = TensorAccessor(args_t_input, addr_t_input, 2048);
+    const uint32_t addr_t_weight = get_arg_val<uint32_t>(12);
+    constexpr auto args_t_weight = TensorAccessorArgs<args_t_input.next_compile_time_args_offset()>();
+    const auto t_weight = TensorAccessor(args_t_weight, addr_t_weight, 2048);
     const uint32_t mm_p_panel = get_arg_val<uint32_t>(13);
-    const uint32_t BT = get_arg_val<uint32_t>(14);
-    const uint32_t ws1_ws_p_addr = get_arg_val<uint32_t>(15);
-    constexpr auto ws1_ws_p_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_p = TensorAccessor(ws1_ws_p_args, ws1_ws_p_addr, 4096);
+    const uint32_t d_BT = get_arg_val<uint32_t>(14);
+    const uint32_t addr_ws1_ws_p = get_arg_val<uint32_t>(15);
+    constexpr auto args_ws1_ws_p = TensorAccessorArgs<args_t_weight.next_compile_time_args_offset()>();
+    const auto ws1_ws_p = TensorAccessor(args_ws1_ws_p, addr_ws1_ws_p, 4096);
     const uint32_t chunk = get_arg_val<uint32_t>(16);
-    const uint32_t logits_max_addr = get_arg_val<uint32_t>(17);
-    constexpr auto logits_max_args = TensorAccessorArgs<ws1_ws_p_args.next_compile_time_args_offset()>();
-    const auto logits_max = TensorAccessor(logits_max_args, logits_max_addr, 128);
-    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(18);
-    constexpr auto sum_exp_logits_args = TensorAccessorArgs<logits_max_args.next_compile_time_args_offset()>();
-    const auto sum_exp_logits = TensorAccessor(sum_exp_logits_args, sum_exp_logits_addr, 128);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(19);
-    constexpr auto masked_target_args = TensorAccessorArgs<sum_exp_logits_args.next_compile_time_args_offset()>();
-    const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 256);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(20);
-    constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
-    const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
+    const uint32_t addr_t_logits_max = get_arg_val<uint32_t>(17);
+    constexpr auto args_t_logits_max = TensorAccessorArgs<args_ws1_ws_p.next_compile_time_args_offset()>();
+    const auto t_logits_max = TensorAccessor(args_t_logits_max, addr_t_logits_max, 128);
+    const uint32_t addr_t_sum_exp_logits = get_arg_val<uint32_t>(18);
+    constexpr auto args_t_sum_exp_logits = TensorAccessorArgs<args_t_logits_max.next_compile_time_args_offset()>();
+    const auto t_sum_exp_logits = TensorAccessor(args_t_sum_exp_logits, addr_t_sum_exp_logits, 128);
+    const uint32_t addr_t_masked_target = get_arg_val<uint32_t>(19);
+    constexpr auto args_t_masked_target = TensorAccessorArgs<args_t_sum_exp_logits.next_compile_time_args_offset()>();
+    const auto t_masked_target = TensorAccessor(args_t_masked_target, addr_t_masked_target, 256);
+    const uint32_t addr_t_target_mask = get_arg_val<uint32_t>(20);
+    constexpr auto args_t_target_mask = TensorAccessorArgs<args_t_masked_target.next_compile_time_args_offset()>();
+    const auto t_target_mask = TensorAccessor(args_t_target_mask, addr_t_target_mask, 32);
     const uint32_t f21 = get_arg_val<uint32_t>(21);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(22);
-    constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(23);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
+    const uint32_t addr_t_grad = get_arg_val<uint32_t>(22);
+    constexpr auto args_t_grad = TensorAccessorArgs<args_t_target_mask.next_compile_time_args_offset()>();
+    const auto t_grad = TensorAccessor(args_t_grad, addr_t_grad, 128);
+    const uint32_t addr_ws1_ws_g = get_arg_val<uint32_t>(23);
+    constexpr auto args_ws1_ws_g = TensorAccessorArgs<args_t_grad.next_compile_time_args_offset()>();
+    const auto ws1_ws_g = TensorAccessor(args_ws1_ws_g, addr_ws1_ws_g, 2048);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(24);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(25);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(26);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(27);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(28);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
+    const uint32_t addr_ws1_ws_gl = get_arg_val<uint32_t>(25);
+    constexpr auto args_ws1_ws_gl = TensorAccessorArgs<args_ws1_ws_g.next_compile_time_args_offset()>();
+    const auto ws1_ws_gl = TensorAccessor(args_ws1_ws_gl, addr_ws1_ws_gl, 2048);
+    const uint32_t addr_ws1_ws_acc0 = get_arg_val<uint32_t>(26);
+    constexpr auto args_ws1_ws_acc0 = TensorAccessorArgs<args_ws1_ws_gl.next_compile_time_args_offset()>();
+    const auto ws1_ws_acc0 = TensorAccessor(args_ws1_ws_acc0, addr_ws1_ws_acc0, 4096);
+    const uint32_t addr_ws1_ws_c0 = get_arg_val<uint32_t>(27);
+    constexpr auto args_ws1_ws_c0 = TensorAccessorArgs<args_ws1_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0 = TensorAccessor(args_ws1_ws_c0, addr_ws1_ws_c0, 4096);
+    const uint32_t addr_ws1_ws_c0l = get_arg_val<uint32_t>(28);
+    constexpr auto args_ws1_ws_c0l = TensorAccessorArgs<args_ws1_ws_c0.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0l = TensorAccessor(args_ws1_ws_c0l, addr_ws1_ws_c0l, 4096);
     cb_reserve_back(tt::CBIndex::c_7, 1);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_7);
     for (uint32_t b2 = core; b2 < units; b2 += cores) {
         const uint32_t v3 = b2 / splits;
         const uint32_t v4 = v3 * blk;
-        const uint32_t v5 = V - v4;
+        const uint32_t v5 = d_V - v4;
         const uint32_t v6 = (v5 < blk ? v5 : blk);
         const uint32_t v7 = v6 + rows;
         const uint32_t v8 = v7 - 1;
@@ -78,17 +78,17 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
             const uint32_t v16 = x15 * 2048;
-            const uint32_t v17 = v16 * H;
-            const uint32_t v18 = v17 / H;
-            const uint32_t v19 = v18 * H;
+            const uint32_t v17 = v16 * d_H;
+            const uint32_t v18 = v17 / d_H;
+            const uint32_t v19 = v18 * d_H;
             const uint32_t v20 = v17 - v19;
             const uint32_t v21 = v18 / 32;
             const uint32_t v22 = v20 / 32;
-            const uint32_t v23 = H + 31;
+            const uint32_t v23 = d_H + 31;
             const uint32_t v24 = v23 / 32;
-            const uint32_t v25 = v4 * H;
-            const uint32_t v26 = v25 / H;
-            const uint32_t v27 = v26 * H;
+            const uint32_t v25 = v4 * d_H;
+            const uint32_t v26 = v25 / d_H;
+            const uint32_t v27 = v26 * d_H;
             const uint32_t v28 = v25 - v27;
             const uint32_t v29 = v26 / 32;
             const uint32_t v30 = v28 / 32;
@@ -104,32 +104,32 @@ void kernel_main() {
                         const uint32_t v39 = v38 * 2048;
                         const uint32_t v40 = v32 + v39;
                         const uint32_t v41 = kk36 * 32;
-                        const uint32_t v42 = H - v41;
+                        const uint32_t v42 = d_H - v41;
                         const uint32_t v43 = v29 + j35;
                         const uint32_t v44 = v43 * v24;
                         const uint32_t v45 = v30 + kk36;
                         const uint32_t v46 = v44 + v45;
-                        noc_async_read_page(v46, weight, v40);
+                        noc_async_read_page(v46, t_weight, v40);
                         noc_async_read_barrier();
                         opgen_tt_keep(v40, 2, 32, v42);
                     }
                 }
                 cb_push_back(tt::CBIndex::c_2, panel_pages);
-                const uint32_t v47 = BT - v16;
+                const uint32_t v47 = d_BT - v16;
                 const uint32_t v48 = (v47 < 2048 ? v47 : 2048);
                 const uint32_t v49 = v48 + 31;
                 const uint32_t v50 = v49 / 32;
                 for (uint32_t i51 = 0; i51 < v50; i51 += 1) {
                     for (uint32_t kk52 = 0; kk52 < v24; kk52 += 1) {
                         const uint32_t v53 = kk52 * 32;
-                        const uint32_t v54 = H - v53;
+                        const uint32_t v54 = d_H - v53;
                         const uint32_t v55 = v21 + i51;
                         const uint32_t v56 = v55 * v24;
                         const uint32_t v57 = v22 + kk52;
                         const uint32_t v58 = v56 + v57;
                         cb_reserve_back(tt::CBIndex::c_3, 1);
                         const uint32_t v59 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v58, input, v59);
+                        noc_async_read_page(v58, t_input, v59);
                         noc_async_read_barrier();
                         opgen_tt_keep(v59, 2, 32, v54);
                         cb_push_back(tt::CBIndex::c_3, 1);
@@ -138,7 +138,7 @@ void kernel_main() {
             }
             const uint32_t v60 = 1 - mm_p_panel;
             for (uint32_t p61 = 0; p61 < v60; p61 += 1) {
-                const uint32_t v62 = BT - v16;
+                const uint32_t v62 = d_BT - v16;
                 const uint32_t v63 = (v62 < 2048 ? v62 : 2048);
                 const uint32_t v64 = v63 + 31;
                 const uint32_t v65 = v64 / 32;
@@ -150,14 +150,14 @@ void kernel_main() {
                         const uint32_t v71 = (v70 < 4 ? v70 : 4);
                         for (uint32_t kk72 = 0; kk72 < v24; kk72 += 1) {
                             const uint32_t v73 = kk72 * 32;
-                            const uint32_t v74 = H - v73;
+                            const uint32_t v74 = d_H - v73;
                             const uint32_t v75 = v21 + i66;
                             const uint32_t v76 = v75 * v24;
                             const uint32_t v77 = v22 + kk72;
                             const uint32_t v78 = v76 + v77;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
                             const uint32_t v79 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v78, input, v79);
+                            noc_async_read_page(v78, t_input, v79);
                             noc_async_read_barrier();
                             opgen_tt_keep(v79, 2, 32, v74);
                             cb_push_back(tt::CBIndex::c_3, 1);
@@ -169,7 +169,7 @@ void kernel_main() {
                                 const uint32_t v85 = v83 + v84;
                                 cb_reserve_back(tt::CBIndex::c_4, 1);
                                 const uint32_t v86 = get_write_ptr(tt::CBIndex::c_4);
-                                noc_async_read_page(v85, weight, v86);
+                                noc_async_read_page(v85, t_weight, v86);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v86, 2, 32, v74);
                                 cb_push_back(tt::CBIndex::c_4, 1);
@@ -180,7 +180,7 @@ void kernel_main() {
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v87 = BT - v16;
+            const uint32_t v87 = d_BT - v16;
             const uint32_t v88 = (v87 < 2048 ? v87 : 2048);
             const uint32_t v89 = v88 + rows;
             const uint32_t v90 = v89 - 1;
@@ -220,11 +220,11 @@ void kernel_main() {
                     const uint32_t v118 = v88 - v103;
                     const uint32_t v119 = (v118 < rows ? v118 : rows);
                     const uint32_t v120 = get_write_ptr(tt::CBIndex::c_6);
-                    opgen_tt_col_from_row(logits_max, 4, v117, v119, v120, v1);
+                    opgen_tt_col_from_row(t_logits_max, 4, v117, v119, v120, v1);
                     cb_push_back(tt::CBIndex::c_6, 1);
                     cb_reserve_back(tt::CBIndex::c_8, 1);
                     const uint32_t v121 = get_write_ptr(tt::CBIndex::c_8);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v117, v119, v121, v1);
+                    opgen_tt_col_from_row(t_sum_exp_logits, 4, v117, v119, v121, v1);
                     cb_push_back(tt::CBIndex::c_8, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
@@ -234,8 +234,8 @@ void kernel_main() {
                     opgen_tt_zero_l1(v122, v123);
                     for (uint32_t h124 = 0; h124 < v119; h124 += 1) {
                         const uint32_t v125 = v117 + h124;
-                        const uint32_t v126 = opgen_tt_load_elem(masked_target, 8, v125, v1);
-                        const uint32_t v127 = opgen_tt_load_bit(target_mask, 0, v125, v1);
+                        const uint32_t v126 = opgen_tt_load_elem(t_masked_target, 8, v125, v1);
+                        const uint32_t v127 = opgen_tt_load_bit(t_target_mask, 0, v125, v1);
                         const bool v128 = v127 != 0;
                         const bool v129 = !v128;
                         const uint32_t v130 = v4 + v97;
@@ -248,7 +248,7 @@ void kernel_main() {
                     cb_pop_front(tt::CBIndex::c_1, 1);
                     cb_reserve_back(tt::CBIndex::c_10, 1);
                     const uint32_t v133 = get_write_ptr(tt::CBIndex::c_10);
-                    opgen_tt_col_from_row(grad, 4, v117, v119, v133, v1);
+                    opgen_tt_col_from_row(t_grad, 4, v117, v119, v133, v1);
                     cb_push_back(tt::CBIndex::c_10, 1);
                 }
             }
@@ -301,7 +301,7 @@ void kernel_main() {
                         const uint32_t v170 = v168 + v169;
                         cb_reserve_back(tt::CBIndex::c_4, 1);
                         const uint32_t v171 = get_write_ptr(tt::CBIndex::c_4);
-                        noc_async_read_page(v170, input, v171);
+                        noc_async_read_page(v170, t_input, v171);
                         noc_async_read_barrier();
                         opgen_tt_keep(v171, 2, v166, 32);
                         cb_push_back(tt::CBIndex::c_4, 1);
@@ -340,7 +340,7 @@ void kernel_main() {
                                 const uint32_t v195 = v193 + v194;
                                 cb_reserve_back(tt::CBIndex::c_4, 1);
                                 const uint32_t v196 = get_write_ptr(tt::CBIndex::c_4);
-                                noc_async_read_page(v195, input, v196);
+                                noc_async_read_page(v195, t_input, v196);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v196, 2, v184, 32);
                                 cb_push_back(tt::CBIndex::c_4, 1);
@@ -387,7 +387,7 @@ void kernel_main() {
                         const uint32_t v224 = v222 + v223;
                         cb_reserve_back(tt::CBIndex::c_4, 1);
                         const uint32_t v225 = get_write_ptr(tt::CBIndex::c_4);
-                        noc_async_read_page(v224, input, v225);
+                        noc_async_read_page(v224, t_input, v225);
                         noc_async_read_barrier();
                         opgen_tt_keep(v225, 2, v220, 32);
                         cb_push_back(tt::CBIndex::c_4, 1);
@@ -425,7 +425,7 @@ void kernel_main() {
                                 const uint32_t v248 = v246 + v247;
                                 cb_reserve_back(tt::CBIndex::c_4, 1);
                                 const uint32_t v249 = get_write_ptr(tt::CBIndex::c_4);
-                                noc_async_read_page(v248, input, v249);
+                                noc_async_read_page(v248, t_input, v249);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v249, 2, v237, 32);
                                 cb_push_back(tt::CBIndex::c_4, 1);
@@ -437,12 +437,12 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
             for (uint32_t r250 = 0; r250 < v9; r250 += 1) {
-                const uint32_t v251 = H + 128;
+                const uint32_t v251 = d_H + 128;
                 const uint32_t v252 = v251 - 1;
                 const uint32_t v253 = v252 / 128;
                 for (uint32_t c254 = 0; c254 < v253; c254 += 1) {
                     const uint32_t v255 = c254 * 128;
-                    const uint32_t v256 = H - v255;
+                    const uint32_t v256 = d_H - v255;
                     const uint32_t v257 = (v256 < 128 ? v256 : 128);
                     const uint32_t v258 = v257 + 31;
                     const uint32_t v259 = v258 / 32;
@@ -502,16 +502,16 @@ void kernel_main() {
         const uint32_t v293 = (v292 ? 1 : 0);
         for (uint32_t d294 = 0; d294 < v293; d294 += 1) {
             for (uint32_t r295 = 0; r295 < v9; r295 += 1) {
-                const uint32_t v296 = H + 128;
+                const uint32_t v296 = d_H + 128;
                 const uint32_t v297 = v296 - 1;
                 const uint32_t v298 = v297 / 128;
                 for (uint32_t c299 = 0; c299 < v298; c299 += 1) {
                     const uint32_t v300 = c299 * 128;
-                    const uint32_t v301 = H - v300;
+                    const uint32_t v301 = d_H - v300;
                     const uint32_t v302 = (v301 < 128 ? v301 : 128);
                     const uint32_t v303 = v302 + 31;
                     const uint32_t v304 = v303 / 32;
-                    const uint32_t v305 = H + 31;
+                    const uint32_t v305 = d_H + 31;
                     const uint32_t v306 = v305 / 32;
                     const uint32_t v307 = (v292 ? core : b2);
                     const uint32_t v308 = v307 * 128;

@@ -31,22 +31,22 @@ void kernel_main() {
     const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t splits = get_arg_val<uint32_t>(3);
-    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t d_BT = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t chunk = get_arg_val<uint32_t>(8);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
         for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
             const uint32_t v3 = b1 * blk;
-            const uint32_t v4 = BT - v3;
+            const uint32_t v4 = d_BT - v3;
             const uint32_t v5 = (v4 < blk ? v4 : blk);
             const uint32_t v6 = v5 + rows;
             const uint32_t v7 = v6 - 1;
             const uint32_t v8 = v7 / rows;
             for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-                const uint32_t v10 = H + 128;
+                const uint32_t v10 = d_H + 128;
                 const uint32_t v11 = v10 - 1;
                 const uint32_t v12 = v11 / 128;
                 for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
@@ -56,7 +56,7 @@ void kernel_main() {
                     cb_wait_front(tt::CBIndex::c_1, v16);
                     cb_wait_front(tt::CBIndex::c_2, v16);
                     const uint32_t v17 = c13 * 128;
-                    const uint32_t v18 = H - v17;
+                    const uint32_t v18 = d_H - v17;
                     const uint32_t v19 = (v18 < 128 ? v18 : 128);
                     const uint32_t v20 = v19 + 31;
                     const uint32_t v21 = v20 / 32;
@@ -84,13 +84,13 @@ void kernel_main() {
             }
         }
         const uint32_t v23 = b1 * blk;
-        const uint32_t v24 = BT - v23;
+        const uint32_t v24 = d_BT - v23;
         const uint32_t v25 = (v24 < blk ? v24 : blk);
         const uint32_t v26 = v25 + rows;
         const uint32_t v27 = v26 - 1;
         const uint32_t v28 = v27 / rows;
         for (uint32_t r29 = 0; r29 < v28; r29 += 1) {
-            const uint32_t v30 = H + 128;
+            const uint32_t v30 = d_H + 128;
             const uint32_t v31 = v30 - 1;
             const uint32_t v32 = v31 / 128;
             for (uint32_t c33 = 0; c33 < v32; c33 += 1) {
@@ -99,7 +99,7 @@ void kernel_main() {
                 const uint32_t v36 = (v35 > 1 ? v35 : 1);
                 cb_wait_front(tt::CBIndex::c_1, v36);
                 const uint32_t v37 = c33 * 128;
-                const uint32_t v38 = H - v37;
+                const uint32_t v38 = d_H - v37;
                 const uint32_t v39 = (v38 < 128 ? v38 : 128);
                 const uint32_t v40 = v39 + 31;
                 const uint32_t v41 = v40 / 32;

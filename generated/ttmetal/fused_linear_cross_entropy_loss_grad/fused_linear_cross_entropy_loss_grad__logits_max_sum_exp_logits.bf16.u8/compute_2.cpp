@@ -30,35 +30,35 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
+    const uint32_t d_V = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
     const uint32_t panel_pages = get_arg_val<uint32_t>(11);
     const uint32_t mm_p_panel = get_arg_val<uint32_t>(12);
-    const uint32_t BT = get_arg_val<uint32_t>(13);
+    const uint32_t d_BT = get_arg_val<uint32_t>(13);
     const uint32_t chunk = get_arg_val<uint32_t>(14);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(15);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = V - v3;
+        const uint32_t v4 = d_V - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
@@ -87,7 +87,7 @@ void kernel_main() {
                 const uint32_t v28 = v27 / 32;
                 cb_wait_front(tt::CBIndex::c_2, panel_pages);
                 const uint32_t v29 = x25 * 2048;
-                const uint32_t v30 = BT - v29;
+                const uint32_t v30 = d_BT - v29;
                 const uint32_t v31 = (v30 < 2048 ? v30 : 2048);
                 const uint32_t v32 = v31 + 31;
                 const uint32_t v33 = v32 / 32;
@@ -96,7 +96,7 @@ void kernel_main() {
                     reconfig_data_format_srca(tt::CBIndex::c_2);
                     reconfig_data_format_srcb(tt::CBIndex::c_3);
                     matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_2, 1);
-                    const uint32_t v35 = H + 31;
+                    const uint32_t v35 = d_H + 31;
                     const uint32_t v36 = v35 / 32;
                     for (uint32_t kk37 = 0; kk37 < v36; kk37 += 1) {
                         cb_wait_front(tt::CBIndex::c_3, 1);
@@ -122,7 +122,7 @@ void kernel_main() {
             const uint32_t v42 = 1 - mm_p_panel;
             for (uint32_t p43 = 0; p43 < v42; p43 += 1) {
                 const uint32_t v44 = x25 * 2048;
-                const uint32_t v45 = BT - v44;
+                const uint32_t v45 = d_BT - v44;
                 const uint32_t v46 = (v45 < 2048 ? v45 : 2048);
                 const uint32_t v47 = v46 + 31;
                 const uint32_t v48 = v47 / 32;
@@ -136,7 +136,7 @@ void kernel_main() {
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         reconfig_data_format_srcb(tt::CBIndex::c_3);
                         matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_4, 1);
-                        const uint32_t v55 = H + 31;
+                        const uint32_t v55 = d_H + 31;
                         const uint32_t v56 = v55 / 32;
                         for (uint32_t kk57 = 0; kk57 < v56; kk57 += 1) {
                             cb_wait_front(tt::CBIndex::c_3, 1);
@@ -160,7 +160,7 @@ void kernel_main() {
                 }
             }
             const uint32_t v60 = x25 * 2048;
-            const uint32_t v61 = BT - v60;
+            const uint32_t v61 = d_BT - v60;
             const uint32_t v62 = (v61 < 2048 ? v61 : 2048);
             const uint32_t v63 = v62 + rows;
             const uint32_t v64 = v63 - 1;
@@ -284,7 +284,7 @@ void kernel_main() {
                 const uint32_t v83 = v5 + 31;
                 const uint32_t v84 = v83 / 32;
                 cb_wait_front(tt::CBIndex::c_2, panel_pages);
-                const uint32_t v85 = H + 31;
+                const uint32_t v85 = d_H + 31;
                 const uint32_t v86 = v85 / 32;
                 for (uint32_t j87 = 0; j87 < v86; j87 += 1) {
                     tile_regs_acquire();
@@ -319,7 +319,7 @@ void kernel_main() {
                 const uint32_t v97 = v5 + 31;
                 const uint32_t v98 = v97 / 32;
                 for (uint32_t i99 = 0; i99 < v98; i99 += 1) {
-                    const uint32_t v100 = H + 31;
+                    const uint32_t v100 = d_H + 31;
                     const uint32_t v101 = v100 / 32;
                     for (uint32_t j102 = 0; j102 < v101; j102 += 4) {
                         const uint32_t v103 = v101 - j102;
@@ -355,7 +355,7 @@ void kernel_main() {
                 const uint32_t v111 = v5 + 31;
                 const uint32_t v112 = v111 / 32;
                 cb_wait_front(tt::CBIndex::c_2, panel_pages);
-                const uint32_t v113 = H + 31;
+                const uint32_t v113 = d_H + 31;
                 const uint32_t v114 = v113 / 32;
                 for (uint32_t j115 = 0; j115 < v114; j115 += 1) {
                     tile_regs_acquire();
@@ -389,7 +389,7 @@ void kernel_main() {
                 const uint32_t v124 = v5 + 31;
                 const uint32_t v125 = v124 / 32;
                 for (uint32_t i126 = 0; i126 < v125; i126 += 1) {
-                    const uint32_t v127 = H + 31;
+                    const uint32_t v127 = d_H + 31;
                     const uint32_t v128 = v127 / 32;
                     for (uint32_t j129 = 0; j129 < v128; j129 += 4) {
                         const uint32_t v130 = v128 - j129;
@@ -422,7 +422,7 @@ void kernel_main() {
                 }
             }
             for (uint32_t r137 = 0; r137 < v8; r137 += 1) {
-                const uint32_t v138 = H + 128;
+                const uint32_t v138 = d_H + 128;
                 const uint32_t v139 = v138 - 1;
                 const uint32_t v140 = v139 / 128;
                 for (uint32_t c141 = 0; c141 < v140; c141 += 1) {
@@ -433,7 +433,7 @@ void kernel_main() {
                     cb_wait_front(tt::CBIndex::c_9, v144);
                     cb_wait_front(tt::CBIndex::c_13, v144);
                     const uint32_t v145 = c141 * 128;
-                    const uint32_t v146 = H - v145;
+                    const uint32_t v146 = d_H - v145;
                     const uint32_t v147 = (v146 < 128 ? v146 : 128);
                     const uint32_t v148 = v147 + 31;
                     const uint32_t v149 = v148 / 32;
@@ -470,7 +470,7 @@ void kernel_main() {
         const uint32_t v152 = (v151 ? 1 : 0);
         for (uint32_t d153 = 0; d153 < v152; d153 += 1) {
             for (uint32_t r154 = 0; r154 < v8; r154 += 1) {
-                const uint32_t v155 = H + 128;
+                const uint32_t v155 = d_H + 128;
                 const uint32_t v156 = v155 - 1;
                 const uint32_t v157 = v156 / 128;
                 for (uint32_t c158 = 0; c158 < v157; c158 += 1) {
@@ -479,7 +479,7 @@ void kernel_main() {
                     const uint32_t v161 = (v160 > 1 ? v160 : 1);
                     cb_wait_front(tt::CBIndex::c_5, v161);
                     const uint32_t v162 = c158 * 128;
-                    const uint32_t v163 = H - v162;
+                    const uint32_t v163 = d_H - v162;
                     const uint32_t v164 = (v163 < 128 ? v163 : 128);
                     const uint32_t v165 = v164 + 31;
                     const uint32_t v166 = v165 / 32;

@@ -8,35 +8,35 @@ void kernel_main() {
     const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t splits = get_arg_val<uint32_t>(3);
-    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t d_BT = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
-    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
+    const uint32_t addr_ws_ws_acc0 = get_arg_val<uint32_t>(8);
+    constexpr auto args_ws_ws_acc0 = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(args_ws_ws_acc0, addr_ws_ws_acc0, 4096);
     const uint32_t chunk = get_arg_val<uint32_t>(9);
     for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
         for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
             cb_wait_front(tt::CBIndex::c_0, 1);
             cb_pop_front(tt::CBIndex::c_0, 1);
             const uint32_t v3 = b1 * blk;
-            const uint32_t v4 = BT - v3;
+            const uint32_t v4 = d_BT - v3;
             const uint32_t v5 = (v4 < blk ? v4 : blk);
             const uint32_t v6 = v5 + rows;
             const uint32_t v7 = v6 - 1;
             const uint32_t v8 = v7 / rows;
             for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-                const uint32_t v10 = H + 128;
+                const uint32_t v10 = d_H + 128;
                 const uint32_t v11 = v10 - 1;
                 const uint32_t v12 = v11 / 128;
                 for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                     const uint32_t v14 = c13 * 128;
-                    const uint32_t v15 = H - v14;
+                    const uint32_t v15 = d_H - v14;
                     const uint32_t v16 = (v15 < 128 ? v15 : 128);
                     const uint32_t v17 = v16 + 31;
                     const uint32_t v18 = v17 / 32;
-                    const uint32_t v19 = H + 31;
+                    const uint32_t v19 = d_H + 31;
                     const uint32_t v20 = v19 / 32;
                     const uint32_t v21 = b1 * splits;
                     const uint32_t v22 = v21 * 128;
@@ -81,22 +81,22 @@ void kernel_main() {
         cb_wait_front(tt::CBIndex::c_0, 1);
         cb_pop_front(tt::CBIndex::c_0, 1);
         const uint32_t v48 = b1 * blk;
-        const uint32_t v49 = BT - v48;
+        const uint32_t v49 = d_BT - v48;
         const uint32_t v50 = (v49 < blk ? v49 : blk);
         const uint32_t v51 = v50 + rows;
         const uint32_t v52 = v51 - 1;
         const uint32_t v53 = v52 / rows;
         for (uint32_t r54 = 0; r54 < v53; r54 += 1) {
-            const uint32_t v55 = H + 128;
+            const uint32_t v55 = d_H + 128;
             const uint32_t v56 = v55 - 1;
             const uint32_t v57 = v56 / 128;
             for (uint32_t c58 = 0; c58 < v57; c58 += 1) {
                 const uint32_t v59 = c58 * 128;
-                const uint32_t v60 = H - v59;
+                const uint32_t v60 = d_H - v59;
                 const uint32_t v61 = (v60 < 128 ? v60 : 128);
                 const uint32_t v62 = v61 + 31;
                 const uint32_t v63 = v62 / 32;
-                const uint32_t v64 = H + 31;
+                const uint32_t v64 = d_H + 31;
                 const uint32_t v65 = v64 / 32;
                 const uint32_t v66 = b1 * splits;
                 const uint32_t v67 = v66 * 128;

@@ -7,54 +7,54 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t BT = get_arg_val<uint32_t>(3);
+    const uint32_t d_BT = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t slice = get_arg_val<uint32_t>(8);
     const uint32_t xblocks = get_arg_val<uint32_t>(9);
-    const uint32_t V = get_arg_val<uint32_t>(10);
-    const uint32_t softmax_addr = get_arg_val<uint32_t>(11);
-    constexpr auto softmax_args = TensorAccessorArgs<0>();
-    const auto softmax = TensorAccessor(softmax_args, softmax_addr, 4096);
+    const uint32_t d_V = get_arg_val<uint32_t>(10);
+    const uint32_t addr_t_softmax = get_arg_val<uint32_t>(11);
+    constexpr auto args_t_softmax = TensorAccessorArgs<0>();
+    const auto t_softmax = TensorAccessor(args_t_softmax, addr_t_softmax, 4096);
     const uint32_t chunk = get_arg_val<uint32_t>(12);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(13);
-    constexpr auto masked_target_args = TensorAccessorArgs<softmax_args.next_compile_time_args_offset()>();
-    const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 256);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(14);
-    constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
-    const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
+    const uint32_t addr_t_masked_target = get_arg_val<uint32_t>(13);
+    constexpr auto args_t_masked_target = TensorAccessorArgs<args_t_softmax.next_compile_time_args_offset()>();
+    const auto t_masked_target = TensorAccessor(args_t_masked_target, addr_t_masked_target, 256);
+    const uint32_t addr_t_target_mask = get_arg_val<uint32_t>(14);
+    constexpr auto args_t_target_mask = TensorAccessorArgs<args_t_masked_target.next_compile_time_args_offset()>();
+    const auto t_target_mask = TensorAccessor(args_t_target_mask, addr_t_target_mask, 32);
     const uint32_t f15 = get_arg_val<uint32_t>(15);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(16);
-    constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
+    const uint32_t addr_t_grad = get_arg_val<uint32_t>(16);
+    constexpr auto args_t_grad = TensorAccessorArgs<args_t_target_mask.next_compile_time_args_offset()>();
+    const auto t_grad = TensorAccessor(args_t_grad, addr_t_grad, 128);
     const uint32_t panel_pages = get_arg_val<uint32_t>(17);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(18);
-    constexpr auto ws_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(19);
-    constexpr auto weight_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
-    const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
+    const uint32_t addr_ws_ws_g = get_arg_val<uint32_t>(18);
+    constexpr auto args_ws_ws_g = TensorAccessorArgs<args_t_grad.next_compile_time_args_offset()>();
+    const auto ws_ws_g = TensorAccessor(args_ws_ws_g, addr_ws_ws_g, 2048);
+    const uint32_t addr_t_weight = get_arg_val<uint32_t>(19);
+    constexpr auto args_t_weight = TensorAccessorArgs<args_ws_ws_g.next_compile_time_args_offset()>();
+    const auto t_weight = TensorAccessor(args_t_weight, addr_t_weight, 2048);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(20);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(21);
-    constexpr auto ws_ws_gl_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
-    const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(22);
-    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(23);
-    constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(24);
-    constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
+    const uint32_t addr_ws_ws_gl = get_arg_val<uint32_t>(21);
+    constexpr auto args_ws_ws_gl = TensorAccessorArgs<args_t_weight.next_compile_time_args_offset()>();
+    const auto ws_ws_gl = TensorAccessor(args_ws_ws_gl, addr_ws_ws_gl, 2048);
+    const uint32_t addr_ws_ws_acc0 = get_arg_val<uint32_t>(22);
+    constexpr auto args_ws_ws_acc0 = TensorAccessorArgs<args_ws_ws_gl.next_compile_time_args_offset()>();
+    const auto ws_ws_acc0 = TensorAccessor(args_ws_ws_acc0, addr_ws_ws_acc0, 4096);
+    const uint32_t addr_ws_ws_c0 = get_arg_val<uint32_t>(23);
+    constexpr auto args_ws_ws_c0 = TensorAccessorArgs<args_ws_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws_ws_c0 = TensorAccessor(args_ws_ws_c0, addr_ws_ws_c0, 4096);
+    const uint32_t addr_ws_ws_c0l = get_arg_val<uint32_t>(24);
+    constexpr auto args_ws_ws_c0l = TensorAccessorArgs<args_ws_ws_c0.next_compile_time_args_offset()>();
+    const auto ws_ws_c0l = TensorAccessor(args_ws_ws_c0l, addr_ws_ws_c0l, 4096);
     cb_reserve_back(tt::CBIndex::c_4, 1);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_4);
     for (uint32_t b2 = core; b2 < units; b2 += cores) {
         const uint32_t v3 = b2 / splits;
         const uint32_t v4 = v3 * blk;
-        const uint32_t v5 = BT - v4;
+        const uint32_t v5 = d_BT - v4;
         const uint32_t v6 = (v5 < blk ? v5 : blk);
         const uint32_t v7 = v6 + rows;
         const uint32_t v8 = v7 - 1;
@@ -67,7 +67,7 @@ void kernel_main() {
         for (uint32_t x15 = v12; x15 < v14; x15 += 1) {
             for (uint32_t r16 = 0; r16 < v9; r16 += 1) {
                 const uint32_t v17 = x15 * 2048;
-                const uint32_t v18 = V - v17;
+                const uint32_t v18 = d_V - v17;
                 const uint32_t v19 = (v18 < 2048 ? v18 : 2048);
                 const uint32_t v20 = v19 + 128;
                 const uint32_t v21 = v20 - 1;
@@ -78,7 +78,7 @@ void kernel_main() {
                     const uint32_t v26 = (v25 < 128 ? v25 : 128);
                     const uint32_t v27 = v26 + 31;
                     const uint32_t v28 = v27 / 32;
-                    const uint32_t v29 = V + 31;
+                    const uint32_t v29 = d_V + 31;
                     const uint32_t v30 = v29 / 32;
                     const uint32_t v31 = r16 * rows;
                     const uint32_t v32 = v4 + v31;
@@ -96,7 +96,7 @@ void kernel_main() {
                         const uint32_t v43 = v37 + j42;
                         const uint32_t v44 = j42 * 4096;
                         const uint32_t v45 = v41 + v44;
-                        noc_async_read_page(v43, softmax, v45);
+                        noc_async_read_page(v43, t_softmax, v45);
                     }
                     noc_async_read_barrier();
                     cb_push_back(tt::CBIndex::c_1, v40);
@@ -110,8 +110,8 @@ void kernel_main() {
                     const uint32_t v49 = (v48 < rows ? v48 : rows);
                     for (uint32_t h50 = 0; h50 < v49; h50 += 1) {
                         const uint32_t v51 = v32 + h50;
-                        const uint32_t v52 = opgen_tt_load_elem(masked_target, 8, v51, v1);
-                        const uint32_t v53 = opgen_tt_load_bit(target_mask, 0, v51, v1);
+                        const uint32_t v52 = opgen_tt_load_elem(t_masked_target, 8, v51, v1);
+                        const uint32_t v53 = opgen_tt_load_bit(t_target_mask, 0, v51, v1);
                         const bool v54 = v53 != 0;
                         const bool v55 = !v54;
                         const uint32_t v56 = v52 - v35;
@@ -123,7 +123,7 @@ void kernel_main() {
                     cb_pop_front(tt::CBIndex::c_2, 1);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
                     const uint32_t v58 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(grad, 4, v32, v49, v58, v1);
+                    opgen_tt_col_from_row(t_grad, 4, v32, v49, v58, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                 }
             }
@@ -139,13 +139,13 @@ void kernel_main() {
             const uint32_t v66 = 2048 + 31;
             const uint32_t v67 = v66 / 32;
             const uint32_t v68 = x15 * 2048;
-            const uint32_t v69 = v68 * H;
-            const uint32_t v70 = v69 / H;
-            const uint32_t v71 = v70 * H;
+            const uint32_t v69 = v68 * d_H;
+            const uint32_t v70 = v69 / d_H;
+            const uint32_t v71 = v70 * d_H;
             const uint32_t v72 = v69 - v71;
             const uint32_t v73 = v70 / 32;
             const uint32_t v74 = v72 / 32;
-            const uint32_t v75 = H + 31;
+            const uint32_t v75 = d_H + 31;
             const uint32_t v76 = v75 / 32;
             for (uint32_t p77 = 0; p77 < mm_0_panel; p77 += 1) {
                 cb_reserve_back(tt::CBIndex::c_8, panel_pages);
@@ -153,7 +153,7 @@ void kernel_main() {
                 const uint32_t v79 = v6 + 31;
                 const uint32_t v80 = v79 / 32;
                 for (uint32_t i81 = 0; i81 < v80; i81 += 1) {
-                    const uint32_t v82 = V - v68;
+                    const uint32_t v82 = d_V - v68;
                     const uint32_t v83 = (v82 < 2048 ? v82 : 2048);
                     const uint32_t v84 = v83 + 31;
                     const uint32_t v85 = v84 / 32;
@@ -175,7 +175,7 @@ void kernel_main() {
                 }
                 cb_push_back(tt::CBIndex::c_8, panel_pages);
                 for (uint32_t j97 = 0; j97 < v76; j97 += 1) {
-                    const uint32_t v98 = V - v68;
+                    const uint32_t v98 = d_V - v68;
                     const uint32_t v99 = (v98 < 2048 ? v98 : 2048);
                     const uint32_t v100 = v99 + 31;
                     const uint32_t v101 = v100 / 32;
@@ -188,7 +188,7 @@ void kernel_main() {
                         const uint32_t v108 = v106 + v107;
                         cb_reserve_back(tt::CBIndex::c_10, 1);
                         const uint32_t v109 = get_write_ptr(tt::CBIndex::c_10);
-                        noc_async_read_page(v108, weight, v109);
+                        noc_async_read_page(v108, t_weight, v109);
                         noc_async_read_barrier();
                         opgen_tt_keep(v109, 2, v104, 32);
                         cb_push_back(tt::CBIndex::c_10, 1);
@@ -203,7 +203,7 @@ void kernel_main() {
                     for (uint32_t j115 = 0; j115 < v76; j115 += 4) {
                         const uint32_t v116 = v76 - j115;
                         const uint32_t v117 = (v116 < 4 ? v116 : 4);
-                        const uint32_t v118 = V - v68;
+                        const uint32_t v118 = d_V - v68;
                         const uint32_t v119 = (v118 < 2048 ? v118 : 2048);
                         const uint32_t v120 = v119 + 31;
                         const uint32_t v121 = v120 / 32;
@@ -228,7 +228,7 @@ void kernel_main() {
                                 const uint32_t v135 = v133 + v134;
                                 cb_reserve_back(tt::CBIndex::c_10, 1);
                                 const uint32_t v136 = get_write_ptr(tt::CBIndex::c_10);
-                                noc_async_read_page(v135, weight, v136);
+                                noc_async_read_page(v135, t_weight, v136);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v136, 2, v124, 32);
                                 cb_push_back(tt::CBIndex::c_10, 1);
@@ -243,7 +243,7 @@ void kernel_main() {
                 const uint32_t v139 = v6 + 31;
                 const uint32_t v140 = v139 / 32;
                 for (uint32_t i141 = 0; i141 < v140; i141 += 1) {
-                    const uint32_t v142 = V - v68;
+                    const uint32_t v142 = d_V - v68;
                     const uint32_t v143 = (v142 < 2048 ? v142 : 2048);
                     const uint32_t v144 = v143 + 31;
                     const uint32_t v145 = v144 / 32;
@@ -265,7 +265,7 @@ void kernel_main() {
                 }
                 cb_push_back(tt::CBIndex::c_8, panel_pages);
                 for (uint32_t j157 = 0; j157 < v76; j157 += 1) {
-                    const uint32_t v158 = V - v68;
+                    const uint32_t v158 = d_V - v68;
                     const uint32_t v159 = (v158 < 2048 ? v158 : 2048);
                     const uint32_t v160 = v159 + 31;
                     const uint32_t v161 = v160 / 32;
@@ -278,7 +278,7 @@ void kernel_main() {
                         const uint32_t v168 = v166 + v167;
                         cb_reserve_back(tt::CBIndex::c_10, 1);
                         const uint32_t v169 = get_write_ptr(tt::CBIndex::c_10);
-                        noc_async_read_page(v168, weight, v169);
+                        noc_async_read_page(v168, t_weight, v169);
                         noc_async_read_barrier();
                         opgen_tt_keep(v169, 2, v164, 32);
                         cb_push_back(tt::CBIndex::c_10, 1);
@@ -292,7 +292,7 @@ void kernel_main() {
                     for (uint32_t j174 = 0; j174 < v76; j174 += 4) {
                         const uint32_t v175 = v76 - j174;
                         const uint32_t v176 = (v175 < 4 ? v175 : 4);
-                        const uint32_t v177 = V - v68;
+                        const uint32_t v177 = d_V - v68;
                         const uint32_t v178 = (v177 < 2048 ? v177 : 2048);
                         const uint32_t v179 = v178 + 31;
                         const uint32_t v180 = v179 / 32;
@@ -317,7 +317,7 @@ void kernel_main() {
                                 const uint32_t v194 = v192 + v193;
                                 cb_reserve_back(tt::CBIndex::c_10, 1);
                                 const uint32_t v195 = get_write_ptr(tt::CBIndex::c_10);
-                                noc_async_read_page(v194, weight, v195);
+                                noc_async_read_page(v194, t_weight, v195);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v195, 2, v183, 32);
                                 cb_push_back(tt::CBIndex::c_10, 1);
@@ -329,12 +329,12 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
             for (uint32_t r196 = 0; r196 < v9; r196 += 1) {
-                const uint32_t v197 = H + 128;
+                const uint32_t v197 = d_H + 128;
                 const uint32_t v198 = v197 - 1;
                 const uint32_t v199 = v198 / 128;
                 for (uint32_t c200 = 0; c200 < v199; c200 += 1) {
                     const uint32_t v201 = c200 * 128;
-                    const uint32_t v202 = H - v201;
+                    const uint32_t v202 = d_H - v201;
                     const uint32_t v203 = (v202 < 128 ? v202 : 128);
                     const uint32_t v204 = v203 + 31;
                     const uint32_t v205 = v204 / 32;
@@ -393,16 +393,16 @@ void kernel_main() {
         const uint32_t v238 = (v237 ? 1 : 0);
         for (uint32_t d239 = 0; d239 < v238; d239 += 1) {
             for (uint32_t r240 = 0; r240 < v9; r240 += 1) {
-                const uint32_t v241 = H + 128;
+                const uint32_t v241 = d_H + 128;
                 const uint32_t v242 = v241 - 1;
                 const uint32_t v243 = v242 / 128;
                 for (uint32_t c244 = 0; c244 < v243; c244 += 1) {
                     const uint32_t v245 = c244 * 128;
-                    const uint32_t v246 = H - v245;
+                    const uint32_t v246 = d_H - v245;
                     const uint32_t v247 = (v246 < 128 ? v246 : 128);
                     const uint32_t v248 = v247 + 31;
                     const uint32_t v249 = v248 / 32;
-                    const uint32_t v250 = H + 31;
+                    const uint32_t v250 = d_H + 31;
                     const uint32_t v251 = v250 / 32;
                     const uint32_t v252 = (v237 ? core : b2);
                     const uint32_t v253 = v252 * 128;

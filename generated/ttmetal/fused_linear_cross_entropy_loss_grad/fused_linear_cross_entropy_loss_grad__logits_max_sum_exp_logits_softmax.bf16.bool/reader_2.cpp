@@ -7,54 +7,54 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
+    const uint32_t d_V = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t slice = get_arg_val<uint32_t>(8);
     const uint32_t xblocks = get_arg_val<uint32_t>(9);
-    const uint32_t BT = get_arg_val<uint32_t>(10);
-    const uint32_t softmax_addr = get_arg_val<uint32_t>(11);
-    constexpr auto softmax_args = TensorAccessorArgs<0>();
-    const auto softmax = TensorAccessor(softmax_args, softmax_addr, 4096);
+    const uint32_t d_BT = get_arg_val<uint32_t>(10);
+    const uint32_t addr_t_softmax = get_arg_val<uint32_t>(11);
+    constexpr auto args_t_softmax = TensorAccessorArgs<0>();
+    const auto t_softmax = TensorAccessor(args_t_softmax, addr_t_softmax, 4096);
     const uint32_t chunk = get_arg_val<uint32_t>(12);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(13);
-    constexpr auto masked_target_args = TensorAccessorArgs<softmax_args.next_compile_time_args_offset()>();
-    const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 256);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(14);
-    constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
-    const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
+    const uint32_t addr_t_masked_target = get_arg_val<uint32_t>(13);
+    constexpr auto args_t_masked_target = TensorAccessorArgs<args_t_softmax.next_compile_time_args_offset()>();
+    const auto t_masked_target = TensorAccessor(args_t_masked_target, addr_t_masked_target, 256);
+    const uint32_t addr_t_target_mask = get_arg_val<uint32_t>(14);
+    constexpr auto args_t_target_mask = TensorAccessorArgs<args_t_masked_target.next_compile_time_args_offset()>();
+    const auto t_target_mask = TensorAccessor(args_t_target_mask, addr_t_target_mask, 32);
     const uint32_t f15 = get_arg_val<uint32_t>(15);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(16);
-    constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
+    const uint32_t addr_t_grad = get_arg_val<uint32_t>(16);
+    constexpr auto args_t_grad = TensorAccessorArgs<args_t_target_mask.next_compile_time_args_offset()>();
+    const auto t_grad = TensorAccessor(args_t_grad, addr_t_grad, 128);
     const uint32_t panel_pages = get_arg_val<uint32_t>(17);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(18);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t input_addr = get_arg_val<uint32_t>(19);
-    constexpr auto input_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto input = TensorAccessor(input_args, input_addr, 2048);
+    const uint32_t addr_ws1_ws_g = get_arg_val<uint32_t>(18);
+    constexpr auto args_ws1_ws_g = TensorAccessorArgs<args_t_grad.next_compile_time_args_offset()>();
+    const auto ws1_ws_g = TensorAccessor(args_ws1_ws_g, addr_ws1_ws_g, 2048);
+    const uint32_t addr_t_input = get_arg_val<uint32_t>(19);
+    constexpr auto args_t_input = TensorAccessorArgs<args_ws1_ws_g.next_compile_time_args_offset()>();
+    const auto t_input = TensorAccessor(args_t_input, addr_t_input, 2048);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(20);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(21);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(22);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(23);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(24);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
+    const uint32_t addr_ws1_ws_gl = get_arg_val<uint32_t>(21);
+    constexpr auto args_ws1_ws_gl = TensorAccessorArgs<args_t_input.next_compile_time_args_offset()>();
+    const auto ws1_ws_gl = TensorAccessor(args_ws1_ws_gl, addr_ws1_ws_gl, 2048);
+    const uint32_t addr_ws1_ws_acc0 = get_arg_val<uint32_t>(22);
+    constexpr auto args_ws1_ws_acc0 = TensorAccessorArgs<args_ws1_ws_gl.next_compile_time_args_offset()>();
+    const auto ws1_ws_acc0 = TensorAccessor(args_ws1_ws_acc0, addr_ws1_ws_acc0, 4096);
+    const uint32_t addr_ws1_ws_c0 = get_arg_val<uint32_t>(23);
+    constexpr auto args_ws1_ws_c0 = TensorAccessorArgs<args_ws1_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0 = TensorAccessor(args_ws1_ws_c0, addr_ws1_ws_c0, 4096);
+    const uint32_t addr_ws1_ws_c0l = get_arg_val<uint32_t>(24);
+    constexpr auto args_ws1_ws_c0l = TensorAccessorArgs<args_ws1_ws_c0.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0l = TensorAccessor(args_ws1_ws_c0l, addr_ws1_ws_c0l, 4096);
     cb_reserve_back(tt::CBIndex::c_4, 1);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_4);
     for (uint32_t b2 = core; b2 < units; b2 += cores) {
         const uint32_t v3 = b2 / splits;
         const uint32_t v4 = v3 * blk;
-        const uint32_t v5 = V - v4;
+        const uint32_t v5 = d_V - v4;
         const uint32_t v6 = (v5 < blk ? v5 : blk);
         const uint32_t v7 = v6 + rows;
         const uint32_t v8 = v7 - 1;
@@ -66,7 +66,7 @@ void kernel_main() {
         const uint32_t v14 = (xblocks < v13 ? xblocks : v13);
         for (uint32_t x15 = v12; x15 < v14; x15 += 1) {
             const uint32_t v16 = x15 * 2048;
-            const uint32_t v17 = BT - v16;
+            const uint32_t v17 = d_BT - v16;
             const uint32_t v18 = (v17 < 2048 ? v17 : 2048);
             const uint32_t v19 = v18 + rows;
             const uint32_t v20 = v19 - 1;
@@ -81,7 +81,7 @@ void kernel_main() {
                     const uint32_t v29 = (v28 < 128 ? v28 : 128);
                     const uint32_t v30 = v29 + 31;
                     const uint32_t v31 = v30 / 32;
-                    const uint32_t v32 = V + 31;
+                    const uint32_t v32 = d_V + 31;
                     const uint32_t v33 = v32 / 32;
                     const uint32_t v34 = r22 * rows;
                     const uint32_t v35 = v16 + v34;
@@ -99,7 +99,7 @@ void kernel_main() {
                         const uint32_t v46 = v40 + j45;
                         const uint32_t v47 = j45 * 4096;
                         const uint32_t v48 = v44 + v47;
-                        noc_async_read_page(v46, softmax, v48);
+                        noc_async_read_page(v46, t_softmax, v48);
                     }
                     noc_async_read_barrier();
                     cb_push_back(tt::CBIndex::c_1, v43);
@@ -113,8 +113,8 @@ void kernel_main() {
                     const uint32_t v52 = (v51 < rows ? v51 : rows);
                     for (uint32_t h53 = 0; h53 < v52; h53 += 1) {
                         const uint32_t v54 = v35 + h53;
-                        const uint32_t v55 = opgen_tt_load_elem(masked_target, 8, v54, v1);
-                        const uint32_t v56 = opgen_tt_load_bit(target_mask, 0, v54, v1);
+                        const uint32_t v55 = opgen_tt_load_elem(t_masked_target, 8, v54, v1);
+                        const uint32_t v56 = opgen_tt_load_bit(t_target_mask, 0, v54, v1);
                         const bool v57 = v56 != 0;
                         const bool v58 = !v57;
                         const uint32_t v59 = v55 - v38;
@@ -126,7 +126,7 @@ void kernel_main() {
                     cb_pop_front(tt::CBIndex::c_2, 1);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
                     const uint32_t v61 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(grad, 4, v35, v52, v61, v1);
+                    opgen_tt_col_from_row(t_grad, 4, v35, v52, v61, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                 }
             }
@@ -141,13 +141,13 @@ void kernel_main() {
             const uint32_t v68 = v66 / 32;
             const uint32_t v69 = 128 + 31;
             const uint32_t v70 = v69 / 32;
-            const uint32_t v71 = v16 * H;
-            const uint32_t v72 = v71 / H;
-            const uint32_t v73 = v72 * H;
+            const uint32_t v71 = v16 * d_H;
+            const uint32_t v72 = v71 / d_H;
+            const uint32_t v73 = v72 * d_H;
             const uint32_t v74 = v71 - v73;
             const uint32_t v75 = v72 / 32;
             const uint32_t v76 = v74 / 32;
-            const uint32_t v77 = H + 31;
+            const uint32_t v77 = d_H + 31;
             const uint32_t v78 = v77 / 32;
             for (uint32_t p79 = 0; p79 < mm_0_panel; p79 += 1) {
                 cb_reserve_back(tt::CBIndex::c_8, panel_pages);
@@ -187,7 +187,7 @@ void kernel_main() {
                         const uint32_t v106 = v104 + v105;
                         cb_reserve_back(tt::CBIndex::c_10, 1);
                         const uint32_t v107 = get_write_ptr(tt::CBIndex::c_10);
-                        noc_async_read_page(v106, input, v107);
+                        noc_async_read_page(v106, t_input, v107);
                         noc_async_read_barrier();
                         opgen_tt_keep(v107, 2, v102, 32);
                         cb_push_back(tt::CBIndex::c_10, 1);
@@ -226,7 +226,7 @@ void kernel_main() {
                                 const uint32_t v131 = v129 + v130;
                                 cb_reserve_back(tt::CBIndex::c_10, 1);
                                 const uint32_t v132 = get_write_ptr(tt::CBIndex::c_10);
-                                noc_async_read_page(v131, input, v132);
+                                noc_async_read_page(v131, t_input, v132);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v132, 2, v120, 32);
                                 cb_push_back(tt::CBIndex::c_10, 1);
@@ -273,7 +273,7 @@ void kernel_main() {
                         const uint32_t v160 = v158 + v159;
                         cb_reserve_back(tt::CBIndex::c_10, 1);
                         const uint32_t v161 = get_write_ptr(tt::CBIndex::c_10);
-                        noc_async_read_page(v160, input, v161);
+                        noc_async_read_page(v160, t_input, v161);
                         noc_async_read_barrier();
                         opgen_tt_keep(v161, 2, v156, 32);
                         cb_push_back(tt::CBIndex::c_10, 1);
@@ -311,7 +311,7 @@ void kernel_main() {
                                 const uint32_t v184 = v182 + v183;
                                 cb_reserve_back(tt::CBIndex::c_10, 1);
                                 const uint32_t v185 = get_write_ptr(tt::CBIndex::c_10);
-                                noc_async_read_page(v184, input, v185);
+                                noc_async_read_page(v184, t_input, v185);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v185, 2, v173, 32);
                                 cb_push_back(tt::CBIndex::c_10, 1);
@@ -323,12 +323,12 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
             for (uint32_t r186 = 0; r186 < v9; r186 += 1) {
-                const uint32_t v187 = H + 128;
+                const uint32_t v187 = d_H + 128;
                 const uint32_t v188 = v187 - 1;
                 const uint32_t v189 = v188 / 128;
                 for (uint32_t c190 = 0; c190 < v189; c190 += 1) {
                     const uint32_t v191 = c190 * 128;
-                    const uint32_t v192 = H - v191;
+                    const uint32_t v192 = d_H - v191;
                     const uint32_t v193 = (v192 < 128 ? v192 : 128);
                     const uint32_t v194 = v193 + 31;
                     const uint32_t v195 = v194 / 32;
@@ -388,16 +388,16 @@ void kernel_main() {
         const uint32_t v229 = (v228 ? 1 : 0);
         for (uint32_t d230 = 0; d230 < v229; d230 += 1) {
             for (uint32_t r231 = 0; r231 < v9; r231 += 1) {
-                const uint32_t v232 = H + 128;
+                const uint32_t v232 = d_H + 128;
                 const uint32_t v233 = v232 - 1;
                 const uint32_t v234 = v233 / 128;
                 for (uint32_t c235 = 0; c235 < v234; c235 += 1) {
                     const uint32_t v236 = c235 * 128;
-                    const uint32_t v237 = H - v236;
+                    const uint32_t v237 = d_H - v236;
                     const uint32_t v238 = (v237 < 128 ? v237 : 128);
                     const uint32_t v239 = v238 + 31;
                     const uint32_t v240 = v239 / 32;
-                    const uint32_t v241 = H + 31;
+                    const uint32_t v241 = d_H + 31;
                     const uint32_t v242 = v241 / 32;
                     const uint32_t v243 = (v228 ? core : b2);
                     const uint32_t v244 = v243 * 128;

@@ -30,15 +30,15 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
+    const uint32_t d_V = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
-    const uint32_t BT = get_arg_val<uint32_t>(11);
+    const uint32_t d_BT = get_arg_val<uint32_t>(11);
     const uint32_t chunk = get_arg_val<uint32_t>(12);
     const uint32_t panel_pages = get_arg_val<uint32_t>(13);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(14);
@@ -46,18 +46,18 @@ void kernel_main() {
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = V - v3;
+        const uint32_t v4 = d_V - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
@@ -82,7 +82,7 @@ void kernel_main() {
         const uint32_t v24 = (xblocks < v23 ? xblocks : v23);
         for (uint32_t x25 = v22; x25 < v24; x25 += 1) {
             const uint32_t v26 = x25 * 2048;
-            const uint32_t v27 = BT - v26;
+            const uint32_t v27 = d_BT - v26;
             const uint32_t v28 = (v27 < 2048 ? v27 : 2048);
             const uint32_t v29 = v28 + rows;
             const uint32_t v30 = v29 - 1;
@@ -178,7 +178,7 @@ void kernel_main() {
                 const uint32_t v49 = v5 + 31;
                 const uint32_t v50 = v49 / 32;
                 cb_wait_front(tt::CBIndex::c_8, panel_pages);
-                const uint32_t v51 = H + 31;
+                const uint32_t v51 = d_H + 31;
                 const uint32_t v52 = v51 / 32;
                 for (uint32_t j53 = 0; j53 < v52; j53 += 1) {
                     tile_regs_acquire();
@@ -213,7 +213,7 @@ void kernel_main() {
                 const uint32_t v63 = v5 + 31;
                 const uint32_t v64 = v63 / 32;
                 for (uint32_t i65 = 0; i65 < v64; i65 += 1) {
-                    const uint32_t v66 = H + 31;
+                    const uint32_t v66 = d_H + 31;
                     const uint32_t v67 = v66 / 32;
                     for (uint32_t j68 = 0; j68 < v67; j68 += 4) {
                         const uint32_t v69 = v67 - j68;
@@ -249,7 +249,7 @@ void kernel_main() {
                 const uint32_t v77 = v5 + 31;
                 const uint32_t v78 = v77 / 32;
                 cb_wait_front(tt::CBIndex::c_8, panel_pages);
-                const uint32_t v79 = H + 31;
+                const uint32_t v79 = d_H + 31;
                 const uint32_t v80 = v79 / 32;
                 for (uint32_t j81 = 0; j81 < v80; j81 += 1) {
                     tile_regs_acquire();
@@ -283,7 +283,7 @@ void kernel_main() {
                 const uint32_t v90 = v5 + 31;
                 const uint32_t v91 = v90 / 32;
                 for (uint32_t i92 = 0; i92 < v91; i92 += 1) {
-                    const uint32_t v93 = H + 31;
+                    const uint32_t v93 = d_H + 31;
                     const uint32_t v94 = v93 / 32;
                     for (uint32_t j95 = 0; j95 < v94; j95 += 4) {
                         const uint32_t v96 = v94 - j95;
@@ -316,7 +316,7 @@ void kernel_main() {
                 }
             }
             for (uint32_t r103 = 0; r103 < v8; r103 += 1) {
-                const uint32_t v104 = H + 128;
+                const uint32_t v104 = d_H + 128;
                 const uint32_t v105 = v104 - 1;
                 const uint32_t v106 = v105 / 128;
                 for (uint32_t c107 = 0; c107 < v106; c107 += 1) {
@@ -327,7 +327,7 @@ void kernel_main() {
                     cb_wait_front(tt::CBIndex::c_3, v110);
                     cb_wait_front(tt::CBIndex::c_11, v110);
                     const uint32_t v111 = c107 * 128;
-                    const uint32_t v112 = H - v111;
+                    const uint32_t v112 = d_H - v111;
                     const uint32_t v113 = (v112 < 128 ? v112 : 128);
                     const uint32_t v114 = v113 + 31;
                     const uint32_t v115 = v114 / 32;
@@ -364,7 +364,7 @@ void kernel_main() {
         const uint32_t v118 = (v117 ? 1 : 0);
         for (uint32_t d119 = 0; d119 < v118; d119 += 1) {
             for (uint32_t r120 = 0; r120 < v8; r120 += 1) {
-                const uint32_t v121 = H + 128;
+                const uint32_t v121 = d_H + 128;
                 const uint32_t v122 = v121 - 1;
                 const uint32_t v123 = v122 / 128;
                 for (uint32_t c124 = 0; c124 < v123; c124 += 1) {
@@ -373,7 +373,7 @@ void kernel_main() {
                     const uint32_t v127 = (v126 > 1 ? v126 : 1);
                     cb_wait_front(tt::CBIndex::c_1, v127);
                     const uint32_t v128 = c124 * 128;
-                    const uint32_t v129 = H - v128;
+                    const uint32_t v129 = d_H - v128;
                     const uint32_t v130 = (v129 < 128 ? v129 : 128);
                     const uint32_t v131 = v130 + 31;
                     const uint32_t v132 = v131 / 32;

@@ -6,52 +6,52 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
+    const uint32_t d_V = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(8);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
+    const uint32_t addr_ws1_ws_acc0 = get_arg_val<uint32_t>(8);
+    constexpr auto args_ws1_ws_acc0 = TensorAccessorArgs<0>();
+    const auto ws1_ws_acc0 = TensorAccessor(args_ws1_ws_acc0, addr_ws1_ws_acc0, 4096);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
-    const uint32_t BT = get_arg_val<uint32_t>(11);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(12);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(13);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(14);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
+    const uint32_t d_BT = get_arg_val<uint32_t>(11);
+    const uint32_t addr_ws1_ws_g = get_arg_val<uint32_t>(12);
+    constexpr auto args_ws1_ws_g = TensorAccessorArgs<args_ws1_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws1_ws_g = TensorAccessor(args_ws1_ws_g, addr_ws1_ws_g, 2048);
+    const uint32_t addr_ws1_ws_gl = get_arg_val<uint32_t>(13);
+    constexpr auto args_ws1_ws_gl = TensorAccessorArgs<args_ws1_ws_g.next_compile_time_args_offset()>();
+    const auto ws1_ws_gl = TensorAccessor(args_ws1_ws_gl, addr_ws1_ws_gl, 2048);
+    const uint32_t addr_ws1_ws_c0 = get_arg_val<uint32_t>(14);
+    constexpr auto args_ws1_ws_c0 = TensorAccessorArgs<args_ws1_ws_gl.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0 = TensorAccessor(args_ws1_ws_c0, addr_ws1_ws_c0, 4096);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(15);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(16);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    const uint32_t weight_grad_addr = get_arg_val<uint32_t>(17);
-    constexpr auto weight_grad_args = TensorAccessorArgs<ws1_ws_c0l_args.next_compile_time_args_offset()>();
-    const auto weight_grad = TensorAccessor(weight_grad_args, weight_grad_addr, 2048);
+    const uint32_t addr_ws1_ws_c0l = get_arg_val<uint32_t>(16);
+    constexpr auto args_ws1_ws_c0l = TensorAccessorArgs<args_ws1_ws_c0.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0l = TensorAccessor(args_ws1_ws_c0l, addr_ws1_ws_c0l, 4096);
+    const uint32_t addr_t_weight_grad = get_arg_val<uint32_t>(17);
+    constexpr auto args_t_weight_grad = TensorAccessorArgs<args_ws1_ws_c0l.next_compile_time_args_offset()>();
+    const auto t_weight_grad = TensorAccessor(args_t_weight_grad, addr_t_weight_grad, 2048);
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = V - v3;
+        const uint32_t v4 = d_V - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
-                const uint32_t v19 = H + 31;
+                const uint32_t v19 = d_H + 31;
                 const uint32_t v20 = v19 / 32;
                 const bool v21 = splits == 1;
                 const uint32_t v22 = (v21 ? core : b1);
@@ -80,7 +80,7 @@ void kernel_main() {
         const uint32_t v37 = (xblocks < v36 ? xblocks : v36);
         for (uint32_t x38 = v35; x38 < v37; x38 += 1) {
             const uint32_t v39 = x38 * 2048;
-            const uint32_t v40 = BT - v39;
+            const uint32_t v40 = d_BT - v39;
             const uint32_t v41 = (v40 < 2048 ? v40 : 2048);
             const uint32_t v42 = v41 + rows;
             const uint32_t v43 = v42 - 1;
@@ -132,13 +132,13 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_2, 1);
             cb_push_back(tt::CBIndex::c_2, 1);
             const uint32_t v68 = core * 128;
-            const uint32_t v69 = v68 * H;
-            const uint32_t v70 = v69 / H;
-            const uint32_t v71 = v70 * H;
+            const uint32_t v69 = v68 * d_H;
+            const uint32_t v70 = v69 / d_H;
+            const uint32_t v71 = v70 * d_H;
             const uint32_t v72 = v69 - v71;
             const uint32_t v73 = v70 / 32;
             const uint32_t v74 = v72 / 32;
-            const uint32_t v75 = H + 31;
+            const uint32_t v75 = d_H + 31;
             const uint32_t v76 = v75 / 32;
             for (uint32_t p77 = 0; p77 < mm_0_panel; p77 += 1) {
                 for (uint32_t j78 = 0; j78 < v76; j78 += 1) {
@@ -225,12 +225,12 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_2, 1);
             cb_push_back(tt::CBIndex::c_2, 1);
             for (uint32_t r126 = 0; r126 < v8; r126 += 1) {
-                const uint32_t v127 = H + 128;
+                const uint32_t v127 = d_H + 128;
                 const uint32_t v128 = v127 - 1;
                 const uint32_t v129 = v128 / 128;
                 for (uint32_t c130 = 0; c130 < v129; c130 += 1) {
                     const uint32_t v131 = c130 * 128;
-                    const uint32_t v132 = H - v131;
+                    const uint32_t v132 = d_H - v131;
                     const uint32_t v133 = (v132 < 128 ? v132 : 128);
                     const uint32_t v134 = v133 + 31;
                     const uint32_t v135 = v134 / 32;
@@ -262,16 +262,16 @@ void kernel_main() {
         const uint32_t v149 = (v148 ? 1 : 0);
         for (uint32_t d150 = 0; d150 < v149; d150 += 1) {
             for (uint32_t r151 = 0; r151 < v8; r151 += 1) {
-                const uint32_t v152 = H + 128;
+                const uint32_t v152 = d_H + 128;
                 const uint32_t v153 = v152 - 1;
                 const uint32_t v154 = v153 / 128;
                 for (uint32_t c155 = 0; c155 < v154; c155 += 1) {
                     const uint32_t v156 = c155 * 128;
-                    const uint32_t v157 = H - v156;
+                    const uint32_t v157 = d_H - v156;
                     const uint32_t v158 = (v157 < 128 ? v157 : 128);
                     const uint32_t v159 = v158 + 31;
                     const uint32_t v160 = v159 / 32;
-                    const uint32_t v161 = H + 31;
+                    const uint32_t v161 = d_H + 31;
                     const uint32_t v162 = v161 / 32;
                     const uint32_t v163 = r151 * rows;
                     const uint32_t v164 = v3 + v163;
@@ -283,7 +283,7 @@ void kernel_main() {
                         cb_wait_front(tt::CBIndex::c_7, 1);
                         const uint32_t v170 = v168 + j169;
                         const uint32_t v171 = get_read_ptr(tt::CBIndex::c_7);
-                        noc_async_write_page(v170, weight_grad, v171);
+                        noc_async_write_page(v170, t_weight_grad, v171);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_7, 1);
                     }

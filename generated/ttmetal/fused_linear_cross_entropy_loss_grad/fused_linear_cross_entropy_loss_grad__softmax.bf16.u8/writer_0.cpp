@@ -6,52 +6,52 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t BT = get_arg_val<uint32_t>(3);
+    const uint32_t d_BT = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
-    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
+    const uint32_t addr_ws_ws_acc0 = get_arg_val<uint32_t>(8);
+    constexpr auto args_ws_ws_acc0 = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(args_ws_ws_acc0, addr_ws_ws_acc0, 4096);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
-    const uint32_t V = get_arg_val<uint32_t>(11);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(12);
-    constexpr auto ws_ws_g_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(13);
-    constexpr auto ws_ws_gl_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(14);
-    constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
+    const uint32_t d_V = get_arg_val<uint32_t>(11);
+    const uint32_t addr_ws_ws_g = get_arg_val<uint32_t>(12);
+    constexpr auto args_ws_ws_g = TensorAccessorArgs<args_ws_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws_ws_g = TensorAccessor(args_ws_ws_g, addr_ws_ws_g, 2048);
+    const uint32_t addr_ws_ws_gl = get_arg_val<uint32_t>(13);
+    constexpr auto args_ws_ws_gl = TensorAccessorArgs<args_ws_ws_g.next_compile_time_args_offset()>();
+    const auto ws_ws_gl = TensorAccessor(args_ws_ws_gl, addr_ws_ws_gl, 2048);
+    const uint32_t addr_ws_ws_c0 = get_arg_val<uint32_t>(14);
+    constexpr auto args_ws_ws_c0 = TensorAccessorArgs<args_ws_ws_gl.next_compile_time_args_offset()>();
+    const auto ws_ws_c0 = TensorAccessor(args_ws_ws_c0, addr_ws_ws_c0, 4096);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(15);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(16);
-    constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
-    const uint32_t input_grad_addr = get_arg_val<uint32_t>(17);
-    constexpr auto input_grad_args = TensorAccessorArgs<ws_ws_c0l_args.next_compile_time_args_offset()>();
-    const auto input_grad = TensorAccessor(input_grad_args, input_grad_addr, 2048);
+    const uint32_t addr_ws_ws_c0l = get_arg_val<uint32_t>(16);
+    constexpr auto args_ws_ws_c0l = TensorAccessorArgs<args_ws_ws_c0.next_compile_time_args_offset()>();
+    const auto ws_ws_c0l = TensorAccessor(args_ws_ws_c0l, addr_ws_ws_c0l, 4096);
+    const uint32_t addr_t_input_grad = get_arg_val<uint32_t>(17);
+    constexpr auto args_t_input_grad = TensorAccessorArgs<args_ws_ws_c0l.next_compile_time_args_offset()>();
+    const auto t_input_grad = TensorAccessor(args_t_input_grad, addr_t_input_grad, 2048);
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = BT - v3;
+        const uint32_t v4 = d_BT - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
-                const uint32_t v19 = H + 31;
+                const uint32_t v19 = d_H + 31;
                 const uint32_t v20 = v19 / 32;
                 const bool v21 = splits == 1;
                 const uint32_t v22 = (v21 ? core : b1);
@@ -81,7 +81,7 @@ void kernel_main() {
         for (uint32_t x38 = v35; x38 < v37; x38 += 1) {
             for (uint32_t r39 = 0; r39 < v8; r39 += 1) {
                 const uint32_t v40 = x38 * 2048;
-                const uint32_t v41 = V - v40;
+                const uint32_t v41 = d_V - v40;
                 const uint32_t v42 = (v41 < 2048 ? v41 : 2048);
                 const uint32_t v43 = v42 + 128;
                 const uint32_t v44 = v43 - 1;
@@ -129,13 +129,13 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_2, 1);
             cb_push_back(tt::CBIndex::c_2, 1);
             const uint32_t v65 = core * 128;
-            const uint32_t v66 = v65 * H;
-            const uint32_t v67 = v66 / H;
-            const uint32_t v68 = v67 * H;
+            const uint32_t v66 = v65 * d_H;
+            const uint32_t v67 = v66 / d_H;
+            const uint32_t v68 = v67 * d_H;
             const uint32_t v69 = v66 - v68;
             const uint32_t v70 = v67 / 32;
             const uint32_t v71 = v69 / 32;
-            const uint32_t v72 = H + 31;
+            const uint32_t v72 = d_H + 31;
             const uint32_t v73 = v72 / 32;
             for (uint32_t p74 = 0; p74 < mm_0_panel; p74 += 1) {
                 for (uint32_t j75 = 0; j75 < v73; j75 += 1) {
@@ -222,12 +222,12 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_2, 1);
             cb_push_back(tt::CBIndex::c_2, 1);
             for (uint32_t r123 = 0; r123 < v8; r123 += 1) {
-                const uint32_t v124 = H + 128;
+                const uint32_t v124 = d_H + 128;
                 const uint32_t v125 = v124 - 1;
                 const uint32_t v126 = v125 / 128;
                 for (uint32_t c127 = 0; c127 < v126; c127 += 1) {
                     const uint32_t v128 = c127 * 128;
-                    const uint32_t v129 = H - v128;
+                    const uint32_t v129 = d_H - v128;
                     const uint32_t v130 = (v129 < 128 ? v129 : 128);
                     const uint32_t v131 = v130 + 31;
                     const uint32_t v132 = v131 / 32;
@@ -259,16 +259,16 @@ void kernel_main() {
         const uint32_t v146 = (v145 ? 1 : 0);
         for (uint32_t d147 = 0; d147 < v146; d147 += 1) {
             for (uint32_t r148 = 0; r148 < v8; r148 += 1) {
-                const uint32_t v149 = H + 128;
+                const uint32_t v149 = d_H + 128;
                 const uint32_t v150 = v149 - 1;
                 const uint32_t v151 = v150 / 128;
                 for (uint32_t c152 = 0; c152 < v151; c152 += 1) {
                     const uint32_t v153 = c152 * 128;
-                    const uint32_t v154 = H - v153;
+                    const uint32_t v154 = d_H - v153;
                     const uint32_t v155 = (v154 < 128 ? v154 : 128);
                     const uint32_t v156 = v155 + 31;
                     const uint32_t v157 = v156 / 32;
-                    const uint32_t v158 = H + 31;
+                    const uint32_t v158 = d_H + 31;
                     const uint32_t v159 = v158 / 32;
                     const uint32_t v160 = r148 * rows;
                     const uint32_t v161 = v3 + v160;
@@ -280,7 +280,7 @@ void kernel_main() {
                         cb_wait_front(tt::CBIndex::c_7, 1);
                         const uint32_t v167 = v165 + j166;
                         const uint32_t v168 = get_read_ptr(tt::CBIndex::c_7);
-                        noc_async_write_page(v167, input_grad, v168);
+                        noc_async_write_page(v167, t_input_grad, v168);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_7, 1);
                     }

@@ -30,15 +30,15 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t BT = get_arg_val<uint32_t>(3);
+    const uint32_t d_BT = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
-    const uint32_t V = get_arg_val<uint32_t>(11);
+    const uint32_t d_V = get_arg_val<uint32_t>(11);
     const uint32_t chunk = get_arg_val<uint32_t>(12);
     const uint32_t panel_pages = get_arg_val<uint32_t>(13);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(14);
@@ -46,18 +46,18 @@ void kernel_main() {
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = BT - v3;
+        const uint32_t v4 = d_BT - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
@@ -83,7 +83,7 @@ void kernel_main() {
         for (uint32_t x25 = v22; x25 < v24; x25 += 1) {
             for (uint32_t r26 = 0; r26 < v8; r26 += 1) {
                 const uint32_t v27 = x25 * 2048;
-                const uint32_t v28 = V - v27;
+                const uint32_t v28 = d_V - v27;
                 const uint32_t v29 = (v28 < 2048 ? v28 : 2048);
                 const uint32_t v30 = v29 + 128;
                 const uint32_t v31 = v30 - 1;
@@ -175,7 +175,7 @@ void kernel_main() {
                 const uint32_t v46 = v5 + 31;
                 const uint32_t v47 = v46 / 32;
                 cb_wait_front(tt::CBIndex::c_8, panel_pages);
-                const uint32_t v48 = H + 31;
+                const uint32_t v48 = d_H + 31;
                 const uint32_t v49 = v48 / 32;
                 for (uint32_t j50 = 0; j50 < v49; j50 += 1) {
                     tile_regs_acquire();
@@ -183,7 +183,7 @@ void kernel_main() {
                     reconfig_data_format_srcb(tt::CBIndex::c_8);
                     matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_10, 0);
                     const uint32_t v51 = x25 * 2048;
-                    const uint32_t v52 = V - v51;
+                    const uint32_t v52 = d_V - v51;
                     const uint32_t v53 = (v52 < 2048 ? v52 : 2048);
                     const uint32_t v54 = v53 + 31;
                     const uint32_t v55 = v54 / 32;
@@ -213,7 +213,7 @@ void kernel_main() {
                 const uint32_t v63 = v5 + 31;
                 const uint32_t v64 = v63 / 32;
                 for (uint32_t i65 = 0; i65 < v64; i65 += 1) {
-                    const uint32_t v66 = H + 31;
+                    const uint32_t v66 = d_H + 31;
                     const uint32_t v67 = v66 / 32;
                     for (uint32_t j68 = 0; j68 < v67; j68 += 4) {
                         const uint32_t v69 = v67 - j68;
@@ -223,7 +223,7 @@ void kernel_main() {
                         reconfig_data_format_srcb(tt::CBIndex::c_9);
                         matmul_init(tt::CBIndex::c_9, tt::CBIndex::c_10, 0);
                         const uint32_t v71 = x25 * 2048;
-                        const uint32_t v72 = V - v71;
+                        const uint32_t v72 = d_V - v71;
                         const uint32_t v73 = (v72 < 2048 ? v72 : 2048);
                         const uint32_t v74 = v73 + 31;
                         const uint32_t v75 = v74 / 32;
@@ -252,7 +252,7 @@ void kernel_main() {
                 const uint32_t v80 = v5 + 31;
                 const uint32_t v81 = v80 / 32;
                 cb_wait_front(tt::CBIndex::c_8, panel_pages);
-                const uint32_t v82 = H + 31;
+                const uint32_t v82 = d_H + 31;
                 const uint32_t v83 = v82 / 32;
                 for (uint32_t j84 = 0; j84 < v83; j84 += 1) {
                     tile_regs_acquire();
@@ -260,7 +260,7 @@ void kernel_main() {
                     reconfig_data_format_srcb(tt::CBIndex::c_8);
                     matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_10, 0);
                     const uint32_t v85 = x25 * 2048;
-                    const uint32_t v86 = V - v85;
+                    const uint32_t v86 = d_V - v85;
                     const uint32_t v87 = (v86 < 2048 ? v86 : 2048);
                     const uint32_t v88 = v87 + 31;
                     const uint32_t v89 = v88 / 32;
@@ -289,7 +289,7 @@ void kernel_main() {
                 const uint32_t v96 = v5 + 31;
                 const uint32_t v97 = v96 / 32;
                 for (uint32_t i98 = 0; i98 < v97; i98 += 1) {
-                    const uint32_t v99 = H + 31;
+                    const uint32_t v99 = d_H + 31;
                     const uint32_t v100 = v99 / 32;
                     for (uint32_t j101 = 0; j101 < v100; j101 += 4) {
                         const uint32_t v102 = v100 - j101;
@@ -299,7 +299,7 @@ void kernel_main() {
                         reconfig_data_format_srcb(tt::CBIndex::c_9);
                         matmul_init(tt::CBIndex::c_9, tt::CBIndex::c_10, 0);
                         const uint32_t v104 = x25 * 2048;
-                        const uint32_t v105 = V - v104;
+                        const uint32_t v105 = d_V - v104;
                         const uint32_t v106 = (v105 < 2048 ? v105 : 2048);
                         const uint32_t v107 = v106 + 31;
                         const uint32_t v108 = v107 / 32;
@@ -325,7 +325,7 @@ void kernel_main() {
                 }
             }
             for (uint32_t r112 = 0; r112 < v8; r112 += 1) {
-                const uint32_t v113 = H + 128;
+                const uint32_t v113 = d_H + 128;
                 const uint32_t v114 = v113 - 1;
                 const uint32_t v115 = v114 / 128;
                 for (uint32_t c116 = 0; c116 < v115; c116 += 1) {
@@ -336,7 +336,7 @@ void kernel_main() {
                     cb_wait_front(tt::CBIndex::c_3, v119);
                     cb_wait_front(tt::CBIndex::c_11, v119);
                     const uint32_t v120 = c116 * 128;
-                    const uint32_t v121 = H - v120;
+                    const uint32_t v121 = d_H - v120;
                     const uint32_t v122 = (v121 < 128 ? v121 : 128);
                     const uint32_t v123 = v122 + 31;
                     const uint32_t v124 = v123 / 32;
@@ -373,7 +373,7 @@ void kernel_main() {
         const uint32_t v127 = (v126 ? 1 : 0);
         for (uint32_t d128 = 0; d128 < v127; d128 += 1) {
             for (uint32_t r129 = 0; r129 < v8; r129 += 1) {
-                const uint32_t v130 = H + 128;
+                const uint32_t v130 = d_H + 128;
                 const uint32_t v131 = v130 - 1;
                 const uint32_t v132 = v131 / 128;
                 for (uint32_t c133 = 0; c133 < v132; c133 += 1) {
@@ -382,7 +382,7 @@ void kernel_main() {
                     const uint32_t v136 = (v135 > 1 ? v135 : 1);
                     cb_wait_front(tt::CBIndex::c_1, v136);
                     const uint32_t v137 = c133 * 128;
-                    const uint32_t v138 = H - v137;
+                    const uint32_t v138 = d_H - v137;
                     const uint32_t v139 = (v138 < 128 ? v138 : 128);
                     const uint32_t v140 = v139 + 31;
                     const uint32_t v141 = v140 / 32;

@@ -7,38 +7,38 @@ void kernel_main() {
     const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t splits = get_arg_val<uint32_t>(3);
-    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t d_BT = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
-    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t input_grad_addr = get_arg_val<uint32_t>(9);
-    constexpr auto input_grad_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto input_grad = TensorAccessor(input_grad_args, input_grad_addr, 2048);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
+    const uint32_t addr_ws_ws_acc0 = get_arg_val<uint32_t>(8);
+    constexpr auto args_ws_ws_acc0 = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(args_ws_ws_acc0, addr_ws_ws_acc0, 4096);
+    const uint32_t addr_t_input_grad = get_arg_val<uint32_t>(9);
+    constexpr auto args_t_input_grad = TensorAccessorArgs<args_ws_ws_acc0.next_compile_time_args_offset()>();
+    const auto t_input_grad = TensorAccessor(args_t_input_grad, addr_t_input_grad, 2048);
     for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
         for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_0, 1);
             cb_push_back(tt::CBIndex::c_0, 1);
             const uint32_t v3 = b1 * blk;
-            const uint32_t v4 = BT - v3;
+            const uint32_t v4 = d_BT - v3;
             const uint32_t v5 = (v4 < blk ? v4 : blk);
             const uint32_t v6 = v5 + rows;
             const uint32_t v7 = v6 - 1;
             const uint32_t v8 = v7 / rows;
             for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-                const uint32_t v10 = H + 128;
+                const uint32_t v10 = d_H + 128;
                 const uint32_t v11 = v10 - 1;
                 const uint32_t v12 = v11 / 128;
                 for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                     const uint32_t v14 = c13 * 128;
-                    const uint32_t v15 = H - v14;
+                    const uint32_t v15 = d_H - v14;
                     const uint32_t v16 = (v15 < 128 ? v15 : 128);
                     const uint32_t v17 = v16 + 31;
                     const uint32_t v18 = v17 / 32;
-                    const uint32_t v19 = H + 31;
+                    const uint32_t v19 = d_H + 31;
                     const uint32_t v20 = v19 / 32;
                     const uint32_t v21 = b1 * splits;
                     const uint32_t v22 = v21 * 128;
@@ -64,22 +64,22 @@ void kernel_main() {
         cb_reserve_back(tt::CBIndex::c_0, 1);
         cb_push_back(tt::CBIndex::c_0, 1);
         const uint32_t v32 = b1 * blk;
-        const uint32_t v33 = BT - v32;
+        const uint32_t v33 = d_BT - v32;
         const uint32_t v34 = (v33 < blk ? v33 : blk);
         const uint32_t v35 = v34 + rows;
         const uint32_t v36 = v35 - 1;
         const uint32_t v37 = v36 / rows;
         for (uint32_t r38 = 0; r38 < v37; r38 += 1) {
-            const uint32_t v39 = H + 128;
+            const uint32_t v39 = d_H + 128;
             const uint32_t v40 = v39 - 1;
             const uint32_t v41 = v40 / 128;
             for (uint32_t c42 = 0; c42 < v41; c42 += 1) {
                 const uint32_t v43 = c42 * 128;
-                const uint32_t v44 = H - v43;
+                const uint32_t v44 = d_H - v43;
                 const uint32_t v45 = (v44 < 128 ? v44 : 128);
                 const uint32_t v46 = v45 + 31;
                 const uint32_t v47 = v46 / 32;
-                const uint32_t v48 = H + 31;
+                const uint32_t v48 = d_H + 31;
                 const uint32_t v49 = v48 / 32;
                 const uint32_t v50 = r38 * rows;
                 const uint32_t v51 = v32 + v50;
@@ -91,7 +91,7 @@ void kernel_main() {
                     cb_wait_front(tt::CBIndex::c_4, 1);
                     const uint32_t v57 = v55 + j56;
                     const uint32_t v58 = get_read_ptr(tt::CBIndex::c_4);
-                    noc_async_write_page(v57, input_grad, v58);
+                    noc_async_write_page(v57, t_input_grad, v58);
                     noc_async_writes_flushed();
                     cb_pop_front(tt::CBIndex::c_4, 1);
                 }

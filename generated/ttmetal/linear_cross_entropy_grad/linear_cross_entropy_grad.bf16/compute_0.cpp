@@ -30,35 +30,35 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t BT = get_arg_val<uint32_t>(3);
+    const uint32_t d_BT = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
     const uint32_t panel_pages = get_arg_val<uint32_t>(11);
     const uint32_t mm_p_panel = get_arg_val<uint32_t>(12);
-    const uint32_t V = get_arg_val<uint32_t>(13);
+    const uint32_t d_V = get_arg_val<uint32_t>(13);
     const uint32_t chunk = get_arg_val<uint32_t>(14);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(15);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = BT - v3;
+        const uint32_t v4 = d_BT - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
@@ -87,7 +87,7 @@ void kernel_main() {
                 const uint32_t v28 = v27 / 32;
                 cb_wait_front(tt::CBIndex::c_2, panel_pages);
                 const uint32_t v29 = x25 * 2048;
-                const uint32_t v30 = V - v29;
+                const uint32_t v30 = d_V - v29;
                 const uint32_t v31 = (v30 < 2048 ? v30 : 2048);
                 const uint32_t v32 = v31 + 31;
                 const uint32_t v33 = v32 / 32;
@@ -96,7 +96,7 @@ void kernel_main() {
                     reconfig_data_format_srca(tt::CBIndex::c_4);
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
                     matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_4, 1);
-                    const uint32_t v35 = H + 31;
+                    const uint32_t v35 = d_H + 31;
                     const uint32_t v36 = v35 / 32;
                     for (uint32_t kk37 = 0; kk37 < v36; kk37 += 1) {
                         cb_wait_front(tt::CBIndex::c_4, 1);
@@ -125,7 +125,7 @@ void kernel_main() {
                 const uint32_t v45 = v44 / 32;
                 for (uint32_t i46 = 0; i46 < v45; i46 += 1) {
                     const uint32_t v47 = x25 * 2048;
-                    const uint32_t v48 = V - v47;
+                    const uint32_t v48 = d_V - v47;
                     const uint32_t v49 = (v48 < 2048 ? v48 : 2048);
                     const uint32_t v50 = v49 + 31;
                     const uint32_t v51 = v50 / 32;
@@ -136,7 +136,7 @@ void kernel_main() {
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         reconfig_data_format_srcb(tt::CBIndex::c_3);
                         matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_4, 1);
-                        const uint32_t v55 = H + 31;
+                        const uint32_t v55 = d_H + 31;
                         const uint32_t v56 = v55 / 32;
                         for (uint32_t kk57 = 0; kk57 < v56; kk57 += 1) {
                             cb_wait_front(tt::CBIndex::c_3, 1);
@@ -161,7 +161,7 @@ void kernel_main() {
             }
             for (uint32_t r60 = 0; r60 < v8; r60 += 1) {
                 const uint32_t v61 = x25 * 2048;
-                const uint32_t v62 = V - v61;
+                const uint32_t v62 = d_V - v61;
                 const uint32_t v63 = (v62 < 2048 ? v62 : 2048);
                 const uint32_t v64 = v63 + 128;
                 const uint32_t v65 = v64 - 1;
@@ -281,7 +281,7 @@ void kernel_main() {
                 const uint32_t v80 = v5 + 31;
                 const uint32_t v81 = v80 / 32;
                 cb_wait_front(tt::CBIndex::c_2, panel_pages);
-                const uint32_t v82 = H + 31;
+                const uint32_t v82 = d_H + 31;
                 const uint32_t v83 = v82 / 32;
                 for (uint32_t j84 = 0; j84 < v83; j84 += 1) {
                     tile_regs_acquire();
@@ -289,7 +289,7 @@ void kernel_main() {
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
                     matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_4, 0);
                     const uint32_t v85 = x25 * 2048;
-                    const uint32_t v86 = V - v85;
+                    const uint32_t v86 = d_V - v85;
                     const uint32_t v87 = (v86 < 2048 ? v86 : 2048);
                     const uint32_t v88 = v87 + 31;
                     const uint32_t v89 = v88 / 32;
@@ -319,7 +319,7 @@ void kernel_main() {
                 const uint32_t v97 = v5 + 31;
                 const uint32_t v98 = v97 / 32;
                 for (uint32_t i99 = 0; i99 < v98; i99 += 1) {
-                    const uint32_t v100 = H + 31;
+                    const uint32_t v100 = d_H + 31;
                     const uint32_t v101 = v100 / 32;
                     for (uint32_t j102 = 0; j102 < v101; j102 += 4) {
                         const uint32_t v103 = v101 - j102;
@@ -329,7 +329,7 @@ void kernel_main() {
                         reconfig_data_format_srcb(tt::CBIndex::c_3);
                         matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_4, 0);
                         const uint32_t v105 = x25 * 2048;
-                        const uint32_t v106 = V - v105;
+                        const uint32_t v106 = d_V - v105;
                         const uint32_t v107 = (v106 < 2048 ? v106 : 2048);
                         const uint32_t v108 = v107 + 31;
                         const uint32_t v109 = v108 / 32;
@@ -358,7 +358,7 @@ void kernel_main() {
                 const uint32_t v114 = v5 + 31;
                 const uint32_t v115 = v114 / 32;
                 cb_wait_front(tt::CBIndex::c_2, panel_pages);
-                const uint32_t v116 = H + 31;
+                const uint32_t v116 = d_H + 31;
                 const uint32_t v117 = v116 / 32;
                 for (uint32_t j118 = 0; j118 < v117; j118 += 1) {
                     tile_regs_acquire();
@@ -366,7 +366,7 @@ void kernel_main() {
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
                     matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_4, 0);
                     const uint32_t v119 = x25 * 2048;
-                    const uint32_t v120 = V - v119;
+                    const uint32_t v120 = d_V - v119;
                     const uint32_t v121 = (v120 < 2048 ? v120 : 2048);
                     const uint32_t v122 = v121 + 31;
                     const uint32_t v123 = v122 / 32;
@@ -395,7 +395,7 @@ void kernel_main() {
                 const uint32_t v130 = v5 + 31;
                 const uint32_t v131 = v130 / 32;
                 for (uint32_t i132 = 0; i132 < v131; i132 += 1) {
-                    const uint32_t v133 = H + 31;
+                    const uint32_t v133 = d_H + 31;
                     const uint32_t v134 = v133 / 32;
                     for (uint32_t j135 = 0; j135 < v134; j135 += 4) {
                         const uint32_t v136 = v134 - j135;
@@ -405,7 +405,7 @@ void kernel_main() {
                         reconfig_data_format_srcb(tt::CBIndex::c_3);
                         matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_4, 0);
                         const uint32_t v138 = x25 * 2048;
-                        const uint32_t v139 = V - v138;
+                        const uint32_t v139 = d_V - v138;
                         const uint32_t v140 = (v139 < 2048 ? v139 : 2048);
                         const uint32_t v141 = v140 + 31;
                         const uint32_t v142 = v141 / 32;
@@ -431,7 +431,7 @@ void kernel_main() {
                 }
             }
             for (uint32_t r146 = 0; r146 < v8; r146 += 1) {
-                const uint32_t v147 = H + 128;
+                const uint32_t v147 = d_H + 128;
                 const uint32_t v148 = v147 - 1;
                 const uint32_t v149 = v148 / 128;
                 for (uint32_t c150 = 0; c150 < v149; c150 += 1) {
@@ -442,7 +442,7 @@ void kernel_main() {
                     cb_wait_front(tt::CBIndex::c_9, v153);
                     cb_wait_front(tt::CBIndex::c_13, v153);
                     const uint32_t v154 = c150 * 128;
-                    const uint32_t v155 = H - v154;
+                    const uint32_t v155 = d_H - v154;
                     const uint32_t v156 = (v155 < 128 ? v155 : 128);
                     const uint32_t v157 = v156 + 31;
                     const uint32_t v158 = v157 / 32;
@@ -479,7 +479,7 @@ void kernel_main() {
         const uint32_t v161 = (v160 ? 1 : 0);
         for (uint32_t d162 = 0; d162 < v161; d162 += 1) {
             for (uint32_t r163 = 0; r163 < v8; r163 += 1) {
-                const uint32_t v164 = H + 128;
+                const uint32_t v164 = d_H + 128;
                 const uint32_t v165 = v164 - 1;
                 const uint32_t v166 = v165 / 128;
                 for (uint32_t c167 = 0; c167 < v166; c167 += 1) {
@@ -488,7 +488,7 @@ void kernel_main() {
                     const uint32_t v170 = (v169 > 1 ? v169 : 1);
                     cb_wait_front(tt::CBIndex::c_5, v170);
                     const uint32_t v171 = c167 * 128;
-                    const uint32_t v172 = H - v171;
+                    const uint32_t v172 = d_H - v171;
                     const uint32_t v173 = (v172 < 128 ? v172 : 128);
                     const uint32_t v174 = v173 + 31;
                     const uint32_t v175 = v174 / 32;

@@ -7,64 +7,64 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t BT = get_arg_val<uint32_t>(3);
+    const uint32_t d_BT = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
     const uint32_t slice = get_arg_val<uint32_t>(8);
     const uint32_t xblocks = get_arg_val<uint32_t>(9);
     const uint32_t panel_pages = get_arg_val<uint32_t>(10);
-    const uint32_t input_addr = get_arg_val<uint32_t>(11);
-    constexpr auto input_args = TensorAccessorArgs<0>();
-    const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(12);
-    constexpr auto weight_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
-    const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
+    const uint32_t addr_t_input = get_arg_val<uint32_t>(11);
+    constexpr auto args_t_input = TensorAccessorArgs<0>();
+    const auto t_input = TensorAccessor(args_t_input, addr_t_input, 2048);
+    const uint32_t addr_t_weight = get_arg_val<uint32_t>(12);
+    constexpr auto args_t_weight = TensorAccessorArgs<args_t_input.next_compile_time_args_offset()>();
+    const auto t_weight = TensorAccessor(args_t_weight, addr_t_weight, 2048);
     const uint32_t mm_p_panel = get_arg_val<uint32_t>(13);
-    const uint32_t V = get_arg_val<uint32_t>(14);
-    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(15);
-    constexpr auto ws_ws_p_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
-    const auto ws_ws_p = TensorAccessor(ws_ws_p_args, ws_ws_p_addr, 4096);
+    const uint32_t d_V = get_arg_val<uint32_t>(14);
+    const uint32_t addr_ws_ws_p = get_arg_val<uint32_t>(15);
+    constexpr auto args_ws_ws_p = TensorAccessorArgs<args_t_weight.next_compile_time_args_offset()>();
+    const auto ws_ws_p = TensorAccessor(args_ws_ws_p, addr_ws_ws_p, 4096);
     const uint32_t chunk = get_arg_val<uint32_t>(16);
-    const uint32_t logits_max_addr = get_arg_val<uint32_t>(17);
-    constexpr auto logits_max_args = TensorAccessorArgs<ws_ws_p_args.next_compile_time_args_offset()>();
-    const auto logits_max = TensorAccessor(logits_max_args, logits_max_addr, 128);
-    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(18);
-    constexpr auto sum_exp_logits_args = TensorAccessorArgs<logits_max_args.next_compile_time_args_offset()>();
-    const auto sum_exp_logits = TensorAccessor(sum_exp_logits_args, sum_exp_logits_addr, 128);
-    const uint32_t target_addr = get_arg_val<uint32_t>(19);
-    constexpr auto target_args = TensorAccessorArgs<sum_exp_logits_args.next_compile_time_args_offset()>();
-    const auto target = TensorAccessor(target_args, target_addr, 256);
-    const uint32_t no_target_addr = get_arg_val<uint32_t>(20);
-    constexpr auto no_target_args = TensorAccessorArgs<target_args.next_compile_time_args_offset()>();
-    const auto no_target = TensorAccessor(no_target_args, no_target_addr, 32);
+    const uint32_t addr_t_logits_max = get_arg_val<uint32_t>(17);
+    constexpr auto args_t_logits_max = TensorAccessorArgs<args_ws_ws_p.next_compile_time_args_offset()>();
+    const auto t_logits_max = TensorAccessor(args_t_logits_max, addr_t_logits_max, 128);
+    const uint32_t addr_t_sum_exp_logits = get_arg_val<uint32_t>(18);
+    constexpr auto args_t_sum_exp_logits = TensorAccessorArgs<args_t_logits_max.next_compile_time_args_offset()>();
+    const auto t_sum_exp_logits = TensorAccessor(args_t_sum_exp_logits, addr_t_sum_exp_logits, 128);
+    const uint32_t addr_t_target = get_arg_val<uint32_t>(19);
+    constexpr auto args_t_target = TensorAccessorArgs<args_t_sum_exp_logits.next_compile_time_args_offset()>();
+    const auto t_target = TensorAccessor(args_t_target, addr_t_target, 256);
+    const uint32_t addr_t_no_target = get_arg_val<uint32_t>(20);
+    constexpr auto args_t_no_target = TensorAccessorArgs<args_t_target.next_compile_time_args_offset()>();
+    const auto t_no_target = TensorAccessor(args_t_no_target, addr_t_no_target, 32);
     const uint32_t f21 = get_arg_val<uint32_t>(21);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(22);
-    constexpr auto grad_args = TensorAccessorArgs<no_target_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(23);
-    constexpr auto ws_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
+    const uint32_t addr_t_grad = get_arg_val<uint32_t>(22);
+    constexpr auto args_t_grad = TensorAccessorArgs<args_t_no_target.next_compile_time_args_offset()>();
+    const auto t_grad = TensorAccessor(args_t_grad, addr_t_grad, 128);
+    const uint32_t addr_ws_ws_g = get_arg_val<uint32_t>(23);
+    constexpr auto args_ws_ws_g = TensorAccessorArgs<args_t_grad.next_compile_time_args_offset()>();
+    const auto ws_ws_g = TensorAccessor(args_ws_ws_g, addr_ws_ws_g, 2048);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(24);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(25);
-    constexpr auto ws_ws_gl_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(26);
-    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(27);
-    constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(28);
-    constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
+    const uint32_t addr_ws_ws_gl = get_arg_val<uint32_t>(25);
+    constexpr auto args_ws_ws_gl = TensorAccessorArgs<args_ws_ws_g.next_compile_time_args_offset()>();
+    const auto ws_ws_gl = TensorAccessor(args_ws_ws_gl, addr_ws_ws_gl, 2048);
+    const uint32_t addr_ws_ws_acc0 = get_arg_val<uint32_t>(26);
+    constexpr auto args_ws_ws_acc0 = TensorAccessorArgs<args_ws_ws_gl.next_compile_time_args_offset()>();
+    const auto ws_ws_acc0 = TensorAccessor(args_ws_ws_acc0, addr_ws_ws_acc0, 4096);
+    const uint32_t addr_ws_ws_c0 = get_arg_val<uint32_t>(27);
+    constexpr auto args_ws_ws_c0 = TensorAccessorArgs<args_ws_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws_ws_c0 = TensorAccessor(args_ws_ws_c0, addr_ws_ws_c0, 4096);
+    const uint32_t addr_ws_ws_c0l = get_arg_val<uint32_t>(28);
+    constexpr auto args_ws_ws_c0l = TensorAccessorArgs<args_ws_ws_c0.next_compile_time_args_offset()>();
+    const auto ws_ws_c0l = TensorAccessor(args_ws_ws_c0l, addr_ws_ws_c0l, 4096);
     cb_reserve_back(tt::CBIndex::c_7, 1);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_7);
     for (uint32_t b2 = core; b2 < units; b2 += cores) {
         const uint32_t v3 = b2 / splits;
         const uint32_t v4 = v3 * blk;
-        const uint32_t v5 = BT - v4;
+        const uint32_t v5 = d_BT - v4;
         const uint32_t v6 = (v5 < blk ? v5 : blk);
         const uint32_t v7 = v6 + rows;
         const uint32_t v8 = v7 - 1;
@@ -77,18 +77,18 @@ void kernel_main() {
         for (uint32_t x15 = v12; x15 < v14; x15 += 1) {
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v16 = v4 * H;
-            const uint32_t v17 = v16 / H;
-            const uint32_t v18 = v17 * H;
+            const uint32_t v16 = v4 * d_H;
+            const uint32_t v17 = v16 / d_H;
+            const uint32_t v18 = v17 * d_H;
             const uint32_t v19 = v16 - v18;
             const uint32_t v20 = v17 / 32;
             const uint32_t v21 = v19 / 32;
-            const uint32_t v22 = H + 31;
+            const uint32_t v22 = d_H + 31;
             const uint32_t v23 = v22 / 32;
             const uint32_t v24 = x15 * 2048;
-            const uint32_t v25 = v24 * H;
-            const uint32_t v26 = v25 / H;
-            const uint32_t v27 = v26 * H;
+            const uint32_t v25 = v24 * d_H;
+            const uint32_t v26 = v25 / d_H;
+            const uint32_t v27 = v26 * d_H;
             const uint32_t v28 = v25 - v27;
             const uint32_t v29 = v26 / 32;
             const uint32_t v30 = v28 / 32;
@@ -104,32 +104,32 @@ void kernel_main() {
                         const uint32_t v39 = v38 * 2048;
                         const uint32_t v40 = v32 + v39;
                         const uint32_t v41 = kk36 * 32;
-                        const uint32_t v42 = H - v41;
+                        const uint32_t v42 = d_H - v41;
                         const uint32_t v43 = v20 + i35;
                         const uint32_t v44 = v43 * v23;
                         const uint32_t v45 = v21 + kk36;
                         const uint32_t v46 = v44 + v45;
-                        noc_async_read_page(v46, input, v40);
+                        noc_async_read_page(v46, t_input, v40);
                         noc_async_read_barrier();
                         opgen_tt_keep(v40, 2, 32, v42);
                     }
                 }
                 cb_push_back(tt::CBIndex::c_2, panel_pages);
-                const uint32_t v47 = V - v24;
+                const uint32_t v47 = d_V - v24;
                 const uint32_t v48 = (v47 < 2048 ? v47 : 2048);
                 const uint32_t v49 = v48 + 31;
                 const uint32_t v50 = v49 / 32;
                 for (uint32_t j51 = 0; j51 < v50; j51 += 1) {
                     for (uint32_t kk52 = 0; kk52 < v23; kk52 += 1) {
                         const uint32_t v53 = kk52 * 32;
-                        const uint32_t v54 = H - v53;
+                        const uint32_t v54 = d_H - v53;
                         const uint32_t v55 = v29 + j51;
                         const uint32_t v56 = v55 * v23;
                         const uint32_t v57 = v30 + kk52;
                         const uint32_t v58 = v56 + v57;
                         cb_reserve_back(tt::CBIndex::c_4, 1);
                         const uint32_t v59 = get_write_ptr(tt::CBIndex::c_4);
-                        noc_async_read_page(v58, weight, v59);
+                        noc_async_read_page(v58, t_weight, v59);
                         noc_async_read_barrier();
                         opgen_tt_keep(v59, 2, 32, v54);
                         cb_push_back(tt::CBIndex::c_4, 1);
@@ -141,7 +141,7 @@ void kernel_main() {
                 const uint32_t v62 = v6 + 31;
                 const uint32_t v63 = v62 / 32;
                 for (uint32_t i64 = 0; i64 < v63; i64 += 1) {
-                    const uint32_t v65 = V - v24;
+                    const uint32_t v65 = d_V - v24;
                     const uint32_t v66 = (v65 < 2048 ? v65 : 2048);
                     const uint32_t v67 = v66 + 31;
                     const uint32_t v68 = v67 / 32;
@@ -150,14 +150,14 @@ void kernel_main() {
                         const uint32_t v71 = (v70 < 4 ? v70 : 4);
                         for (uint32_t kk72 = 0; kk72 < v23; kk72 += 1) {
                             const uint32_t v73 = kk72 * 32;
-                            const uint32_t v74 = H - v73;
+                            const uint32_t v74 = d_H - v73;
                             const uint32_t v75 = v20 + i64;
                             const uint32_t v76 = v75 * v23;
                             const uint32_t v77 = v21 + kk72;
                             const uint32_t v78 = v76 + v77;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
                             const uint32_t v79 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v78, input, v79);
+                            noc_async_read_page(v78, t_input, v79);
                             noc_async_read_barrier();
                             opgen_tt_keep(v79, 2, 32, v74);
                             cb_push_back(tt::CBIndex::c_3, 1);
@@ -169,7 +169,7 @@ void kernel_main() {
                                 const uint32_t v85 = v83 + v84;
                                 cb_reserve_back(tt::CBIndex::c_4, 1);
                                 const uint32_t v86 = get_write_ptr(tt::CBIndex::c_4);
-                                noc_async_read_page(v85, weight, v86);
+                                noc_async_read_page(v85, t_weight, v86);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v86, 2, 32, v74);
                                 cb_push_back(tt::CBIndex::c_4, 1);
@@ -181,7 +181,7 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
             for (uint32_t r87 = 0; r87 < v9; r87 += 1) {
-                const uint32_t v88 = V - v24;
+                const uint32_t v88 = d_V - v24;
                 const uint32_t v89 = (v88 < 2048 ? v88 : 2048);
                 const uint32_t v90 = v89 + 128;
                 const uint32_t v91 = v90 - 1;
@@ -217,11 +217,11 @@ void kernel_main() {
                     const uint32_t v115 = v6 - v100;
                     const uint32_t v116 = (v115 < rows ? v115 : rows);
                     const uint32_t v117 = get_write_ptr(tt::CBIndex::c_6);
-                    opgen_tt_col_from_row(logits_max, 4, v114, v116, v117, v1);
+                    opgen_tt_col_from_row(t_logits_max, 4, v114, v116, v117, v1);
                     cb_push_back(tt::CBIndex::c_6, 1);
                     cb_reserve_back(tt::CBIndex::c_8, 1);
                     const uint32_t v118 = get_write_ptr(tt::CBIndex::c_8);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v114, v116, v118, v1);
+                    opgen_tt_col_from_row(t_sum_exp_logits, 4, v114, v116, v118, v1);
                     cb_push_back(tt::CBIndex::c_8, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
@@ -231,8 +231,8 @@ void kernel_main() {
                     opgen_tt_zero_l1(v119, v120);
                     for (uint32_t h121 = 0; h121 < v116; h121 += 1) {
                         const uint32_t v122 = v114 + h121;
-                        const uint32_t v123 = opgen_tt_load_elem(target, 8, v122, v1);
-                        const uint32_t v124 = opgen_tt_load_elem(no_target, 1, v122, v1);
+                        const uint32_t v123 = opgen_tt_load_elem(t_target, 8, v122, v1);
+                        const uint32_t v124 = opgen_tt_load_elem(t_no_target, 1, v122, v1);
                         const bool v125 = v124 != 0;
                         const bool v126 = !v125;
                         const uint32_t v127 = v24 + v94;
@@ -245,7 +245,7 @@ void kernel_main() {
                     cb_pop_front(tt::CBIndex::c_1, 1);
                     cb_reserve_back(tt::CBIndex::c_10, 1);
                     const uint32_t v130 = get_write_ptr(tt::CBIndex::c_10);
-                    opgen_tt_col_from_row(grad, 4, v114, v116, v130, v1);
+                    opgen_tt_col_from_row(t_grad, 4, v114, v116, v130, v1);
                     cb_push_back(tt::CBIndex::c_10, 1);
                 }
             }
@@ -266,7 +266,7 @@ void kernel_main() {
                 const uint32_t v142 = v6 + 31;
                 const uint32_t v143 = v142 / 32;
                 for (uint32_t i144 = 0; i144 < v143; i144 += 1) {
-                    const uint32_t v145 = V - v24;
+                    const uint32_t v145 = d_V - v24;
                     const uint32_t v146 = (v145 < 2048 ? v145 : 2048);
                     const uint32_t v147 = v146 + 31;
                     const uint32_t v148 = v147 / 32;
@@ -288,7 +288,7 @@ void kernel_main() {
                 }
                 cb_push_back(tt::CBIndex::c_2, panel_pages);
                 for (uint32_t j160 = 0; j160 < v23; j160 += 1) {
-                    const uint32_t v161 = V - v24;
+                    const uint32_t v161 = d_V - v24;
                     const uint32_t v162 = (v161 < 2048 ? v161 : 2048);
                     const uint32_t v163 = v162 + 31;
                     const uint32_t v164 = v163 / 32;
@@ -301,7 +301,7 @@ void kernel_main() {
                         const uint32_t v171 = v169 + v170;
                         cb_reserve_back(tt::CBIndex::c_4, 1);
                         const uint32_t v172 = get_write_ptr(tt::CBIndex::c_4);
-                        noc_async_read_page(v171, weight, v172);
+                        noc_async_read_page(v171, t_weight, v172);
                         noc_async_read_barrier();
                         opgen_tt_keep(v172, 2, v167, 32);
                         cb_push_back(tt::CBIndex::c_4, 1);
@@ -316,7 +316,7 @@ void kernel_main() {
                     for (uint32_t j178 = 0; j178 < v23; j178 += 4) {
                         const uint32_t v179 = v23 - j178;
                         const uint32_t v180 = (v179 < 4 ? v179 : 4);
-                        const uint32_t v181 = V - v24;
+                        const uint32_t v181 = d_V - v24;
                         const uint32_t v182 = (v181 < 2048 ? v181 : 2048);
                         const uint32_t v183 = v182 + 31;
                         const uint32_t v184 = v183 / 32;
@@ -341,7 +341,7 @@ void kernel_main() {
                                 const uint32_t v198 = v196 + v197;
                                 cb_reserve_back(tt::CBIndex::c_4, 1);
                                 const uint32_t v199 = get_write_ptr(tt::CBIndex::c_4);
-                                noc_async_read_page(v198, weight, v199);
+                                noc_async_read_page(v198, t_weight, v199);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v199, 2, v187, 32);
                                 cb_push_back(tt::CBIndex::c_4, 1);
@@ -356,7 +356,7 @@ void kernel_main() {
                 const uint32_t v202 = v6 + 31;
                 const uint32_t v203 = v202 / 32;
                 for (uint32_t i204 = 0; i204 < v203; i204 += 1) {
-                    const uint32_t v205 = V - v24;
+                    const uint32_t v205 = d_V - v24;
                     const uint32_t v206 = (v205 < 2048 ? v205 : 2048);
                     const uint32_t v207 = v206 + 31;
                     const uint32_t v208 = v207 / 32;
@@ -378,7 +378,7 @@ void kernel_main() {
                 }
                 cb_push_back(tt::CBIndex::c_2, panel_pages);
                 for (uint32_t j220 = 0; j220 < v23; j220 += 1) {
-                    const uint32_t v221 = V - v24;
+                    const uint32_t v221 = d_V - v24;
                     const uint32_t v222 = (v221 < 2048 ? v221 : 2048);
                     const uint32_t v223 = v222 + 31;
                     const uint32_t v224 = v223 / 32;
@@ -391,7 +391,7 @@ void kernel_main() {
                         const uint32_t v231 = v229 + v230;
                         cb_reserve_back(tt::CBIndex::c_4, 1);
                         const uint32_t v232 = get_write_ptr(tt::CBIndex::c_4);
-                        noc_async_read_page(v231, weight, v232);
+                        noc_async_read_page(v231, t_weight, v232);
                         noc_async_read_barrier();
                         opgen_tt_keep(v232, 2, v227, 32);
                         cb_push_back(tt::CBIndex::c_4, 1);
@@ -405,7 +405,7 @@ void kernel_main() {
                     for (uint32_t j237 = 0; j237 < v23; j237 += 4) {
                         const uint32_t v238 = v23 - j237;
                         const uint32_t v239 = (v238 < 4 ? v238 : 4);
-                        const uint32_t v240 = V - v24;
+                        const uint32_t v240 = d_V - v24;
                         const uint32_t v241 = (v240 < 2048 ? v240 : 2048);
                         const uint32_t v242 = v241 + 31;
                         const uint32_t v243 = v242 / 32;
@@ -430,7 +430,7 @@ void kernel_main() {
                                 const uint32_t v257 = v255 + v256;
                                 cb_reserve_back(tt::CBIndex::c_4, 1);
                                 const uint32_t v258 = get_write_ptr(tt::CBIndex::c_4);
-                                noc_async_read_page(v257, weight, v258);
+                                noc_async_read_page(v257, t_weight, v258);
                                 noc_async_read_barrier();
                                 opgen_tt_keep(v258, 2, v246, 32);
                                 cb_push_back(tt::CBIndex::c_4, 1);
@@ -442,12 +442,12 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
             for (uint32_t r259 = 0; r259 < v9; r259 += 1) {
-                const uint32_t v260 = H + 128;
+                const uint32_t v260 = d_H + 128;
                 const uint32_t v261 = v260 - 1;
                 const uint32_t v262 = v261 / 128;
                 for (uint32_t c263 = 0; c263 < v262; c263 += 1) {
                     const uint32_t v264 = c263 * 128;
-                    const uint32_t v265 = H - v264;
+                    const uint32_t v265 = d_H - v264;
                     const uint32_t v266 = (v265 < 128 ? v265 : 128);
                     const uint32_t v267 = v266 + 31;
                     const uint32_t v268 = v267 / 32;
@@ -506,16 +506,16 @@ void kernel_main() {
         const uint32_t v301 = (v300 ? 1 : 0);
         for (uint32_t d302 = 0; d302 < v301; d302 += 1) {
             for (uint32_t r303 = 0; r303 < v9; r303 += 1) {
-                const uint32_t v304 = H + 128;
+                const uint32_t v304 = d_H + 128;
                 const uint32_t v305 = v304 - 1;
                 const uint32_t v306 = v305 / 128;
                 for (uint32_t c307 = 0; c307 < v306; c307 += 1) {
                     const uint32_t v308 = c307 * 128;
-                    const uint32_t v309 = H - v308;
+                    const uint32_t v309 = d_H - v308;
                     const uint32_t v310 = (v309 < 128 ? v309 : 128);
                     const uint32_t v311 = v310 + 31;
                     const uint32_t v312 = v311 / 32;
-                    const uint32_t v313 = H + 31;
+                    const uint32_t v313 = d_H + 31;
                     const uint32_t v314 = v313 / 32;
                     const uint32_t v315 = (v300 ? core : b2);
                     const uint32_t v316 = v315 * 128;

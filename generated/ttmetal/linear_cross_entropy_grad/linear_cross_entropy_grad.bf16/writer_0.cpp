@@ -6,56 +6,56 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t BT = get_arg_val<uint32_t>(3);
+    const uint32_t d_BT = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
-    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
+    const uint32_t addr_ws_ws_acc0 = get_arg_val<uint32_t>(8);
+    constexpr auto args_ws_ws_acc0 = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(args_ws_ws_acc0, addr_ws_ws_acc0, 4096);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
-    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(11);
-    constexpr auto ws_ws_p_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_p = TensorAccessor(ws_ws_p_args, ws_ws_p_addr, 4096);
+    const uint32_t addr_ws_ws_p = get_arg_val<uint32_t>(11);
+    constexpr auto args_ws_ws_p = TensorAccessorArgs<args_ws_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws_ws_p = TensorAccessor(args_ws_ws_p, addr_ws_ws_p, 4096);
     const uint32_t mm_p_panel = get_arg_val<uint32_t>(12);
-    const uint32_t V = get_arg_val<uint32_t>(13);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(14);
-    constexpr auto ws_ws_g_args = TensorAccessorArgs<ws_ws_p_args.next_compile_time_args_offset()>();
-    const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(15);
-    constexpr auto ws_ws_gl_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(16);
-    constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
+    const uint32_t d_V = get_arg_val<uint32_t>(13);
+    const uint32_t addr_ws_ws_g = get_arg_val<uint32_t>(14);
+    constexpr auto args_ws_ws_g = TensorAccessorArgs<args_ws_ws_p.next_compile_time_args_offset()>();
+    const auto ws_ws_g = TensorAccessor(args_ws_ws_g, addr_ws_ws_g, 2048);
+    const uint32_t addr_ws_ws_gl = get_arg_val<uint32_t>(15);
+    constexpr auto args_ws_ws_gl = TensorAccessorArgs<args_ws_ws_g.next_compile_time_args_offset()>();
+    const auto ws_ws_gl = TensorAccessor(args_ws_ws_gl, addr_ws_ws_gl, 2048);
+    const uint32_t addr_ws_ws_c0 = get_arg_val<uint32_t>(16);
+    constexpr auto args_ws_ws_c0 = TensorAccessorArgs<args_ws_ws_gl.next_compile_time_args_offset()>();
+    const auto ws_ws_c0 = TensorAccessor(args_ws_ws_c0, addr_ws_ws_c0, 4096);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(17);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(18);
-    constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
-    const uint32_t input_grad_addr = get_arg_val<uint32_t>(19);
-    constexpr auto input_grad_args = TensorAccessorArgs<ws_ws_c0l_args.next_compile_time_args_offset()>();
-    const auto input_grad = TensorAccessor(input_grad_args, input_grad_addr, 2048);
+    const uint32_t addr_ws_ws_c0l = get_arg_val<uint32_t>(18);
+    constexpr auto args_ws_ws_c0l = TensorAccessorArgs<args_ws_ws_c0.next_compile_time_args_offset()>();
+    const auto ws_ws_c0l = TensorAccessor(args_ws_ws_c0l, addr_ws_ws_c0l, 4096);
+    const uint32_t addr_t_input_grad = get_arg_val<uint32_t>(19);
+    constexpr auto args_t_input_grad = TensorAccessorArgs<args_ws_ws_c0l.next_compile_time_args_offset()>();
+    const auto t_input_grad = TensorAccessor(args_t_input_grad, addr_t_input_grad, 2048);
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = BT - v3;
+        const uint32_t v4 = d_BT - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
-                const uint32_t v19 = H + 31;
+                const uint32_t v19 = d_H + 31;
                 const uint32_t v20 = v19 / 32;
                 const bool v21 = splits == 1;
                 const uint32_t v22 = (v21 ? core : b1);
@@ -97,7 +97,7 @@ void kernel_main() {
             const uint32_t v47 = v46 / 32;
             for (uint32_t p48 = 0; p48 < mm_p_panel; p48 += 1) {
                 const uint32_t v49 = x38 * 2048;
-                const uint32_t v50 = V - v49;
+                const uint32_t v50 = d_V - v49;
                 const uint32_t v51 = (v50 < 2048 ? v50 : 2048);
                 const uint32_t v52 = v51 + 31;
                 const uint32_t v53 = v52 / 32;
@@ -123,7 +123,7 @@ void kernel_main() {
                 const uint32_t v66 = v65 / 32;
                 for (uint32_t i67 = 0; i67 < v66; i67 += 1) {
                     const uint32_t v68 = x38 * 2048;
-                    const uint32_t v69 = V - v68;
+                    const uint32_t v69 = d_V - v68;
                     const uint32_t v70 = (v69 < 2048 ? v69 : 2048);
                     const uint32_t v71 = v70 + 31;
                     const uint32_t v72 = v71 / 32;
@@ -151,7 +151,7 @@ void kernel_main() {
             cb_push_back(tt::CBIndex::c_1, 1);
             for (uint32_t r83 = 0; r83 < v8; r83 += 1) {
                 const uint32_t v84 = x38 * 2048;
-                const uint32_t v85 = V - v84;
+                const uint32_t v85 = d_V - v84;
                 const uint32_t v86 = (v85 < 2048 ? v85 : 2048);
                 const uint32_t v87 = v86 + 128;
                 const uint32_t v88 = v87 - 1;
@@ -197,13 +197,13 @@ void kernel_main() {
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v108 = v39 * H;
-            const uint32_t v109 = v108 / H;
-            const uint32_t v110 = v109 * H;
+            const uint32_t v108 = v39 * d_H;
+            const uint32_t v109 = v108 / d_H;
+            const uint32_t v110 = v109 * d_H;
             const uint32_t v111 = v108 - v110;
             const uint32_t v112 = v109 / 32;
             const uint32_t v113 = v111 / 32;
-            const uint32_t v114 = H + 31;
+            const uint32_t v114 = d_H + 31;
             const uint32_t v115 = v114 / 32;
             for (uint32_t p116 = 0; p116 < mm_0_panel; p116 += 1) {
                 for (uint32_t j117 = 0; j117 < v115; j117 += 1) {
@@ -290,12 +290,12 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
             for (uint32_t r165 = 0; r165 < v8; r165 += 1) {
-                const uint32_t v166 = H + 128;
+                const uint32_t v166 = d_H + 128;
                 const uint32_t v167 = v166 - 1;
                 const uint32_t v168 = v167 / 128;
                 for (uint32_t c169 = 0; c169 < v168; c169 += 1) {
                     const uint32_t v170 = c169 * 128;
-                    const uint32_t v171 = H - v170;
+                    const uint32_t v171 = d_H - v170;
                     const uint32_t v172 = (v171 < 128 ? v171 : 128);
                     const uint32_t v173 = v172 + 31;
                     const uint32_t v174 = v173 / 32;
@@ -327,16 +327,16 @@ void kernel_main() {
         const uint32_t v188 = (v187 ? 1 : 0);
         for (uint32_t d189 = 0; d189 < v188; d189 += 1) {
             for (uint32_t r190 = 0; r190 < v8; r190 += 1) {
-                const uint32_t v191 = H + 128;
+                const uint32_t v191 = d_H + 128;
                 const uint32_t v192 = v191 - 1;
                 const uint32_t v193 = v192 / 128;
                 for (uint32_t c194 = 0; c194 < v193; c194 += 1) {
                     const uint32_t v195 = c194 * 128;
-                    const uint32_t v196 = H - v195;
+                    const uint32_t v196 = d_H - v195;
                     const uint32_t v197 = (v196 < 128 ? v196 : 128);
                     const uint32_t v198 = v197 + 31;
                     const uint32_t v199 = v198 / 32;
-                    const uint32_t v200 = H + 31;
+                    const uint32_t v200 = d_H + 31;
                     const uint32_t v201 = v200 / 32;
                     const uint32_t v202 = r190 * rows;
                     const uint32_t v203 = v3 + v202;
@@ -348,7 +348,7 @@ void kernel_main() {
                         cb_wait_front(tt::CBIndex::c_12, 1);
                         const uint32_t v209 = v207 + j208;
                         const uint32_t v210 = get_read_ptr(tt::CBIndex::c_12);
-                        noc_async_write_page(v209, input_grad, v210);
+                        noc_async_write_page(v209, t_input_grad, v210);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_12, 1);
                     }

@@ -6,56 +6,56 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
+    const uint32_t d_V = get_arg_val<uint32_t>(3);
     const uint32_t splits = get_arg_val<uint32_t>(4);
     const uint32_t blk = get_arg_val<uint32_t>(5);
     const uint32_t rows = get_arg_val<uint32_t>(6);
-    const uint32_t H = get_arg_val<uint32_t>(7);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(8);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
+    const uint32_t d_H = get_arg_val<uint32_t>(7);
+    const uint32_t addr_ws1_ws_acc0 = get_arg_val<uint32_t>(8);
+    constexpr auto args_ws1_ws_acc0 = TensorAccessorArgs<0>();
+    const auto ws1_ws_acc0 = TensorAccessor(args_ws1_ws_acc0, addr_ws1_ws_acc0, 4096);
     const uint32_t slice = get_arg_val<uint32_t>(9);
     const uint32_t xblocks = get_arg_val<uint32_t>(10);
-    const uint32_t ws1_ws_p_addr = get_arg_val<uint32_t>(11);
-    constexpr auto ws1_ws_p_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_p = TensorAccessor(ws1_ws_p_args, ws1_ws_p_addr, 4096);
+    const uint32_t addr_ws1_ws_p = get_arg_val<uint32_t>(11);
+    constexpr auto args_ws1_ws_p = TensorAccessorArgs<args_ws1_ws_acc0.next_compile_time_args_offset()>();
+    const auto ws1_ws_p = TensorAccessor(args_ws1_ws_p, addr_ws1_ws_p, 4096);
     const uint32_t mm_p_panel = get_arg_val<uint32_t>(12);
-    const uint32_t BT = get_arg_val<uint32_t>(13);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(14);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<ws1_ws_p_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(15);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(16);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
+    const uint32_t d_BT = get_arg_val<uint32_t>(13);
+    const uint32_t addr_ws1_ws_g = get_arg_val<uint32_t>(14);
+    constexpr auto args_ws1_ws_g = TensorAccessorArgs<args_ws1_ws_p.next_compile_time_args_offset()>();
+    const auto ws1_ws_g = TensorAccessor(args_ws1_ws_g, addr_ws1_ws_g, 2048);
+    const uint32_t addr_ws1_ws_gl = get_arg_val<uint32_t>(15);
+    constexpr auto args_ws1_ws_gl = TensorAccessorArgs<args_ws1_ws_g.next_compile_time_args_offset()>();
+    const auto ws1_ws_gl = TensorAccessor(args_ws1_ws_gl, addr_ws1_ws_gl, 2048);
+    const uint32_t addr_ws1_ws_c0 = get_arg_val<uint32_t>(16);
+    constexpr auto args_ws1_ws_c0 = TensorAccessorArgs<args_ws1_ws_gl.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0 = TensorAccessor(args_ws1_ws_c0, addr_ws1_ws_c0, 4096);
     const uint32_t mm_0_panel = get_arg_val<uint32_t>(17);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(18);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    const uint32_t weight_grad_addr = get_arg_val<uint32_t>(19);
-    constexpr auto weight_grad_args = TensorAccessorArgs<ws1_ws_c0l_args.next_compile_time_args_offset()>();
-    const auto weight_grad = TensorAccessor(weight_grad_args, weight_grad_addr, 2048);
+    const uint32_t addr_ws1_ws_c0l = get_arg_val<uint32_t>(18);
+    constexpr auto args_ws1_ws_c0l = TensorAccessorArgs<args_ws1_ws_c0.next_compile_time_args_offset()>();
+    const auto ws1_ws_c0l = TensorAccessor(args_ws1_ws_c0l, addr_ws1_ws_c0l, 4096);
+    const uint32_t addr_t_weight_grad = get_arg_val<uint32_t>(19);
+    constexpr auto args_t_weight_grad = TensorAccessorArgs<args_ws1_ws_c0l.next_compile_time_args_offset()>();
+    const auto t_weight_grad = TensorAccessor(args_t_weight_grad, addr_t_weight_grad, 2048);
     for (uint32_t b1 = core; b1 < units; b1 += cores) {
         const uint32_t v2 = b1 / splits;
         const uint32_t v3 = v2 * blk;
-        const uint32_t v4 = V - v3;
+        const uint32_t v4 = d_V - v3;
         const uint32_t v5 = (v4 < blk ? v4 : blk);
         const uint32_t v6 = v5 + rows;
         const uint32_t v7 = v6 - 1;
         const uint32_t v8 = v7 / rows;
         for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
-            const uint32_t v10 = H + 128;
+            const uint32_t v10 = d_H + 128;
             const uint32_t v11 = v10 - 1;
             const uint32_t v12 = v11 / 128;
             for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
                 const uint32_t v14 = c13 * 128;
-                const uint32_t v15 = H - v14;
+                const uint32_t v15 = d_H - v14;
                 const uint32_t v16 = (v15 < 128 ? v15 : 128);
                 const uint32_t v17 = v16 + 31;
                 const uint32_t v18 = v17 / 32;
-                const uint32_t v19 = H + 31;
+                const uint32_t v19 = d_H + 31;
                 const uint32_t v20 = v19 / 32;
                 const bool v21 = splits == 1;
                 const uint32_t v22 = (v21 ? core : b1);
@@ -97,7 +97,7 @@ void kernel_main() {
             const uint32_t v47 = v46 / 32;
             for (uint32_t p48 = 0; p48 < mm_p_panel; p48 += 1) {
                 const uint32_t v49 = x38 * 2048;
-                const uint32_t v50 = BT - v49;
+                const uint32_t v50 = d_BT - v49;
                 const uint32_t v51 = (v50 < 2048 ? v50 : 2048);
                 const uint32_t v52 = v51 + 31;
                 const uint32_t v53 = v52 / 32;
@@ -120,7 +120,7 @@ void kernel_main() {
             const uint32_t v63 = 1 - mm_p_panel;
             for (uint32_t p64 = 0; p64 < v63; p64 += 1) {
                 const uint32_t v65 = x38 * 2048;
-                const uint32_t v66 = BT - v65;
+                const uint32_t v66 = d_BT - v65;
                 const uint32_t v67 = (v66 < 2048 ? v66 : 2048);
                 const uint32_t v68 = v67 + 31;
                 const uint32_t v69 = v68 / 32;
@@ -150,7 +150,7 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
             const uint32_t v83 = x38 * 2048;
-            const uint32_t v84 = BT - v83;
+            const uint32_t v84 = d_BT - v83;
             const uint32_t v85 = (v84 < 2048 ? v84 : 2048);
             const uint32_t v86 = v85 + rows;
             const uint32_t v87 = v86 - 1;
@@ -201,13 +201,13 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
             const uint32_t v111 = core * 128;
-            const uint32_t v112 = v111 * H;
-            const uint32_t v113 = v112 / H;
-            const uint32_t v114 = v113 * H;
+            const uint32_t v112 = v111 * d_H;
+            const uint32_t v113 = v112 / d_H;
+            const uint32_t v114 = v113 * d_H;
             const uint32_t v115 = v112 - v114;
             const uint32_t v116 = v113 / 32;
             const uint32_t v117 = v115 / 32;
-            const uint32_t v118 = H + 31;
+            const uint32_t v118 = d_H + 31;
             const uint32_t v119 = v118 / 32;
             for (uint32_t p120 = 0; p120 < mm_0_panel; p120 += 1) {
                 for (uint32_t j121 = 0; j121 < v119; j121 += 1) {
@@ -294,12 +294,12 @@ void kernel_main() {
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
             for (uint32_t r169 = 0; r169 < v8; r169 += 1) {
-                const uint32_t v170 = H + 128;
+                const uint32_t v170 = d_H + 128;
                 const uint32_t v171 = v170 - 1;
                 const uint32_t v172 = v171 / 128;
                 for (uint32_t c173 = 0; c173 < v172; c173 += 1) {
                     const uint32_t v174 = c173 * 128;
-                    const uint32_t v175 = H - v174;
+                    const uint32_t v175 = d_H - v174;
                     const uint32_t v176 = (v175 < 128 ? v175 : 128);
                     const uint32_t v177 = v176 + 31;
                     const uint32_t v178 = v177 / 32;
@@ -331,16 +331,16 @@ void kernel_main() {
         const uint32_t v192 = (v191 ? 1 : 0);
         for (uint32_t d193 = 0; d193 < v192; d193 += 1) {
             for (uint32_t r194 = 0; r194 < v8; r194 += 1) {
-                const uint32_t v195 = H + 128;
+                const uint32_t v195 = d_H + 128;
                 const uint32_t v196 = v195 - 1;
                 const uint32_t v197 = v196 / 128;
                 for (uint32_t c198 = 0; c198 < v197; c198 += 1) {
                     const uint32_t v199 = c198 * 128;
-                    const uint32_t v200 = H - v199;
+                    const uint32_t v200 = d_H - v199;
                     const uint32_t v201 = (v200 < 128 ? v200 : 128);
                     const uint32_t v202 = v201 + 31;
                     const uint32_t v203 = v202 / 32;
-                    const uint32_t v204 = H + 31;
+                    const uint32_t v204 = d_H + 31;
                     const uint32_t v205 = v204 / 32;
                     const uint32_t v206 = r194 * rows;
                     const uint32_t v207 = v3 + v206;
@@ -352,7 +352,7 @@ void kernel_main() {
                         cb_wait_front(tt::CBIndex::c_12, 1);
                         const uint32_t v213 = v211 + j212;
                         const uint32_t v214 = get_read_ptr(tt::CBIndex::c_12);
-                        noc_async_write_page(v213, weight_grad, v214);
+                        noc_async_write_page(v213, t_weight_grad, v214);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_12, 1);
                     }

@@ -6,14 +6,14 @@ void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
     const uint32_t col_chunks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t grad_w_addr = get_arg_val<uint32_t>(4);
-    constexpr auto grad_w_args = TensorAccessorArgs<0>();
-    const auto grad_w = TensorAccessor(grad_w_args, grad_w_addr, 64);
-    const uint32_t D = get_arg_val<uint32_t>(5);
+    const uint32_t addr_t_grad_w = get_arg_val<uint32_t>(4);
+    constexpr auto args_t_grad_w = TensorAccessorArgs<0>();
+    const auto t_grad_w = TensorAccessor(args_t_grad_w, addr_t_grad_w, 64);
+    const uint32_t d_D = get_arg_val<uint32_t>(5);
     const uint32_t col_chunk = get_arg_val<uint32_t>(6);
     for (uint32_t c1 = core; c1 < col_chunks; c1 += cores) {
         const uint32_t v2 = c1 * col_chunk;
-        const uint32_t v3 = D - v2;
+        const uint32_t v3 = d_D - v2;
         const uint32_t v4 = (v3 < col_chunk ? v3 : col_chunk);
         const uint32_t v5 = v4 + 31;
         const uint32_t v6 = v5 / 32;
@@ -23,10 +23,10 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_2, 1);
             const uint32_t v10 = v8 + j9;
             const uint32_t v11 = get_read_ptr(tt::CBIndex::c_2);
-            const uint64_t v12 = grad_w.get_noc_addr(v10, 0);
+            const uint64_t v12 = t_grad_w.get_noc_addr(v10, 0);
             const uint32_t v13 = v11 + 0;
             noc_async_write(v13, v12, 32);
-            const uint64_t v14 = grad_w.get_noc_addr(v10, 32);
+            const uint64_t v14 = t_grad_w.get_noc_addr(v10, 32);
             const uint32_t v15 = v11 + 512;
             noc_async_write(v15, v14, 32);
             noc_async_writes_flushed();

@@ -34,7 +34,7 @@ void kernel_main() {
     const uint32_t f4 = get_arg_val<uint32_t>(4);
     const uint32_t chunks = get_arg_val<uint32_t>(5);
     const uint32_t chunk = get_arg_val<uint32_t>(6);
-    const uint32_t D = get_arg_val<uint32_t>(7);
+    const uint32_t d_D = get_arg_val<uint32_t>(7);
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     const uint32_t f9 = get_arg_val<uint32_t>(9);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
@@ -71,7 +71,7 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_2, v7);
             cb_wait_front(tt::CBIndex::c_4, 2);
             const uint32_t v8 = c4 * chunk;
-            const uint32_t v9 = D - v8;
+            const uint32_t v9 = d_D - v8;
             const uint32_t v10 = (v9 < chunk ? v9 : chunk);
             const uint32_t v11 = v10 + 31;
             const uint32_t v12 = v11 / 32;
@@ -301,7 +301,7 @@ void kernel_main() {
             cb_wait_front(tt::CBIndex::c_7, v36);
             cb_wait_front(tt::CBIndex::c_10, 1);
             const uint32_t v37 = c33 * chunk;
-            const uint32_t v38 = D - v37;
+            const uint32_t v38 = d_D - v37;
             const uint32_t v39 = (v38 < chunk ? v38 : chunk);
             const uint32_t v40 = v39 + 31;
             const uint32_t v41 = v40 / 32;

@@ -27,7 +27,7 @@
 #include "api/compute/matmul.h"
 
 void kernel_main() {
-    const uint32_t D = get_arg_val<uint32_t>(0);
+    const uint32_t d_D = get_arg_val<uint32_t>(0);
     const uint32_t core = get_arg_val<uint32_t>(1);
     const uint32_t groups = get_arg_val<uint32_t>(2);
     const uint32_t cores = get_arg_val<uint32_t>(3);
@@ -38,7 +38,7 @@ void kernel_main() {
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     cb_wait_front(tt::CBIndex::c_4, 1);
-    const uint32_t v1 = D + 31;
+    const uint32_t v1 = d_D + 31;
     const uint32_t v2 = v1 / 32;
     const uint32_t v3 = (v2 > 1 ? v2 : 1);
     cb_wait_front(tt::CBIndex::c_0, v3);

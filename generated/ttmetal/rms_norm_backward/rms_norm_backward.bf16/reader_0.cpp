@@ -4,25 +4,25 @@
 #include "../opgen_tt_dataflow.h"
 
 void kernel_main() {
-    const uint32_t w_addr = get_arg_val<uint32_t>(0);
-    constexpr auto w_args = TensorAccessorArgs<0>();
-    const auto w = TensorAccessor(w_args, w_addr, 64);
-    const uint32_t D = get_arg_val<uint32_t>(1);
+    const uint32_t addr_t_w = get_arg_val<uint32_t>(0);
+    constexpr auto args_t_w = TensorAccessorArgs<0>();
+    const auto t_w = TensorAccessor(args_t_w, addr_t_w, 64);
+    const uint32_t d_D = get_arg_val<uint32_t>(1);
     const uint32_t core = get_arg_val<uint32_t>(2);
     const uint32_t groups = get_arg_val<uint32_t>(3);
     const uint32_t cores = get_arg_val<uint32_t>(4);
     const uint32_t group = get_arg_val<uint32_t>(5);
     const uint32_t tiles = get_arg_val<uint32_t>(6);
-    const uint32_t grad_y_addr = get_arg_val<uint32_t>(7);
-    constexpr auto grad_y_args = TensorAccessorArgs<w_args.next_compile_time_args_offset()>();
-    const auto grad_y = TensorAccessor(grad_y_args, grad_y_addr, 2048);
+    const uint32_t addr_t_grad_y = get_arg_val<uint32_t>(7);
+    constexpr auto args_t_grad_y = TensorAccessorArgs<args_t_w.next_compile_time_args_offset()>();
+    const auto t_grad_y = TensorAccessor(args_t_grad_y, addr_t_grad_y, 2048);
     const uint32_t rows = get_arg_val<uint32_t>(8);
-    const uint32_t x_addr = get_arg_val<uint32_t>(9);
-    constexpr auto x_args = TensorAccessorArgs<grad_y_args.next_compile_time_args_offset()>();
-    const auto x = TensorAccessor(x_args, x_addr, 2048);
-    const uint32_t N = get_arg_val<uint32_t>(10);
+    const uint32_t addr_t_x = get_arg_val<uint32_t>(9);
+    constexpr auto args_t_x = TensorAccessorArgs<args_t_grad_y.next_compile_time_args_offset()>();
+    const auto t_x = TensorAccessor(args_t_x, addr_t_x, 2048);
+    const uint32_t d_N = get_arg_val<uint32_t>(10);
     opgen_tt_fill_scaler(tt::CBIndex::c_4);
-    const uint32_t v1 = D + 31;
+    const uint32_t v1 = d_D + 31;
     const uint32_t v2 = v1 / 32;
     const uint32_t v3 = 0 / 32;
     const uint32_t v4 = 0 + v3;
@@ -33,10 +33,10 @@ void kernel_main() {
         const uint32_t v8 = v4 + j7;
         const uint32_t v9 = j7 * 2048;
         const uint32_t v10 = v6 + v9;
-        const uint64_t v11 = w.get_noc_addr(v8, 0);
+        const uint64_t v11 = t_w.get_noc_addr(v8, 0);
         const uint32_t v12 = v10 + 0;
         noc_async_read(v11, v12, 32);
-        const uint64_t v13 = w.get_noc_addr(v8, 32);
+        const uint64_t v13 = t_w.get_noc_addr(v8, 32);
         const uint32_t v14 = v10 + 512;
         noc_async_read(v13, v14, 32);
     }
@@ -57,7 +57,7 @@ void kernel_main() {
                 const uint32_t v26 = v23 + j25;
                 const uint32_t v27 = j25 * 2048;
                 const uint32_t v28 = v24 + v27;
-                noc_async_read_page(v26, grad_y, v28);
+                noc_async_read_page(v26, t_grad_y, v28);
             }
             noc_async_read_barrier();
             cb_push_back(tt::CBIndex::c_2, v5);
@@ -67,15 +67,15 @@ void kernel_main() {
                 const uint32_t v31 = v23 + j30;
                 const uint32_t v32 = j30 * 2048;
                 const uint32_t v33 = v29 + v32;
-                noc_async_read_page(v31, x, v33);
+                noc_async_read_page(v31, t_x, v33);
             }
             noc_async_read_barrier();
             cb_push_back(tt::CBIndex::c_3, v5);
             const uint32_t v34 = v2 - 1;
             const uint32_t v35 = v34 * 32;
-            const uint32_t v36 = D - v35;
+            const uint32_t v36 = d_D - v35;
             opgen_tt_fill_col_masks(tt::CBIndex::c_5, v36);
-            const uint32_t v37 = N - v20;
+            const uint32_t v37 = d_N - v20;
             const uint32_t v38 = (v37 < rows ? v37 : rows);
             opgen_tt_fill_row_mask(tt::CBIndex::c_8, v38);
         }

@@ -8,20 +8,20 @@ void kernel_main() {
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t group = get_arg_val<uint32_t>(3);
     const uint32_t tiles = get_arg_val<uint32_t>(4);
-    const uint32_t grad_x_addr = get_arg_val<uint32_t>(5);
-    constexpr auto grad_x_args = TensorAccessorArgs<0>();
-    const auto grad_x = TensorAccessor(grad_x_args, grad_x_addr, 2048);
-    const uint32_t D = get_arg_val<uint32_t>(6);
+    const uint32_t addr_t_grad_x = get_arg_val<uint32_t>(5);
+    constexpr auto args_t_grad_x = TensorAccessorArgs<0>();
+    const auto t_grad_x = TensorAccessor(args_t_grad_x, addr_t_grad_x, 2048);
+    const uint32_t d_D = get_arg_val<uint32_t>(6);
     const uint32_t rows = get_arg_val<uint32_t>(7);
-    const uint32_t ws_partials0_addr = get_arg_val<uint32_t>(8);
-    constexpr auto ws_partials0_args = TensorAccessorArgs<grad_x_args.next_compile_time_args_offset()>();
-    const auto ws_partials0 = TensorAccessor(ws_partials0_args, ws_partials0_addr, 128);
+    const uint32_t addr_ws_partials0 = get_arg_val<uint32_t>(8);
+    constexpr auto args_ws_partials0 = TensorAccessorArgs<args_t_grad_x.next_compile_time_args_offset()>();
+    const auto ws_partials0 = TensorAccessor(args_ws_partials0, addr_ws_partials0, 128);
     for (uint32_t g1 = core; g1 < groups; g1 += cores) {
         const uint32_t v2 = g1 * group;
         const uint32_t v3 = v2 + group;
         const uint32_t v4 = (v3 < tiles ? v3 : tiles);
         for (uint32_t t5 = v2; t5 < v4; t5 += 1) {
-            const uint32_t v6 = D + 31;
+            const uint32_t v6 = d_D + 31;
             const uint32_t v7 = v6 / 32;
             const uint32_t v8 = t5 * rows;
             const uint32_t v9 = v8 / 32;
@@ -32,13 +32,13 @@ void kernel_main() {
                 cb_wait_front(tt::CBIndex::c_10, 1);
                 const uint32_t v14 = v12 + j13;
                 const uint32_t v15 = get_read_ptr(tt::CBIndex::c_10);
-                noc_async_write_page(v14, grad_x, v15);
+                noc_async_write_page(v14, t_grad_x, v15);
                 noc_async_writes_flushed();
                 cb_pop_front(tt::CBIndex::c_10, 1);
             }
             noc_async_write_barrier();
         }
-        const uint32_t v16 = D + 31;
+        const uint32_t v16 = d_D + 31;
         const uint32_t v17 = v16 / 32;
         const uint32_t v18 = g1 * v17;
         const uint32_t v19 = 0 / 32;

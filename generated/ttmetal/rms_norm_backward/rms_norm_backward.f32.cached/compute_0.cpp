@@ -34,7 +34,7 @@ void kernel_main() {
     const uint32_t f4 = get_arg_val<uint32_t>(4);
     const uint32_t chunks = get_arg_val<uint32_t>(5);
     const uint32_t chunk = get_arg_val<uint32_t>(6);
-    const uint32_t D = get_arg_val<uint32_t>(7);
+    const uint32_t d_D = get_arg_val<uint32_t>(7);
     const uint32_t f8 = get_arg_val<uint32_t>(8);
     const uint32_t f9 = get_arg_val<uint32_t>(9);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
@@ -74,7 +74,7 @@ void kernel_main() {
             const uint32_t v11 = v10 + v3;
             cb_wait_front(tt::CBIndex::c_2, v11);
             cb_wait_front(tt::CBIndex::c_4, 2);
-            const uint32_t v12 = D - v9;
+            const uint32_t v12 = d_D - v9;
             const uint32_t v13 = (v12 < chunk ? v12 : chunk);
             const uint32_t v14 = v13 + 31;
             const uint32_t v15 = v14 / 32;
@@ -300,7 +300,7 @@ void kernel_main() {
             const uint32_t v39 = c38 * chunk;
             const uint32_t v40 = v39 / 32;
             cb_wait_front(tt::CBIndex::c_10, 1);
-            const uint32_t v41 = D - v39;
+            const uint32_t v41 = d_D - v39;
             const uint32_t v42 = (v41 < chunk ? v41 : chunk);
             const uint32_t v43 = v42 + 31;
             const uint32_t v44 = v43 / 32;

@@ -33,7 +33,7 @@ void kernel_main() {
     const uint32_t f3 = get_arg_val<uint32_t>(3);
     const uint32_t tiles = get_arg_val<uint32_t>(4);
     const uint32_t col_chunk = get_arg_val<uint32_t>(5);
-    const uint32_t D = get_arg_val<uint32_t>(6);
+    const uint32_t d_D = get_arg_val<uint32_t>(6);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     for (uint32_t c1 = core; c1 < col_chunks; c1 += cores) {
         for (uint32_t j2 = 0; j2 < 1; j2 += 1) {
@@ -77,7 +77,7 @@ void kernel_main() {
         }
         cb_wait_front(tt::CBIndex::c_0, 1);
         const uint32_t v8 = c1 * col_chunk;
-        const uint32_t v9 = D - v8;
+        const uint32_t v9 = d_D - v8;
         const uint32_t v10 = (v9 < col_chunk ? v9 : col_chunk);
         const uint32_t v11 = v10 + 31;
         const uint32_t v12 = v11 / 32;

@@ -8,19 +8,19 @@ void kernel_main() {
     const uint32_t col_chunks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t tiles = get_arg_val<uint32_t>(3);
-    const uint32_t ws_partials0_addr = get_arg_val<uint32_t>(4);
-    constexpr auto ws_partials0_args = TensorAccessorArgs<0>();
-    const auto ws_partials0 = TensorAccessor(ws_partials0_args, ws_partials0_addr, 128);
-    const uint32_t D = get_arg_val<uint32_t>(5);
+    const uint32_t addr_ws_partials0 = get_arg_val<uint32_t>(4);
+    constexpr auto args_ws_partials0 = TensorAccessorArgs<0>();
+    const auto ws_partials0 = TensorAccessor(args_ws_partials0, addr_ws_partials0, 128);
+    const uint32_t d_D = get_arg_val<uint32_t>(5);
     const uint32_t col_chunk = get_arg_val<uint32_t>(6);
     for (uint32_t c1 = core; c1 < col_chunks; c1 += cores) {
         for (uint32_t p2 = 0; p2 < tiles; p2 += 1) {
             const uint32_t v3 = c1 * col_chunk;
-            const uint32_t v4 = D - v3;
+            const uint32_t v4 = d_D - v3;
             const uint32_t v5 = (v4 < col_chunk ? v4 : col_chunk);
             const uint32_t v6 = v5 + 31;
             const uint32_t v7 = v6 / 32;
-            const uint32_t v8 = D + 31;
+            const uint32_t v8 = d_D + 31;
             const uint32_t v9 = v8 / 32;
             const uint32_t v10 = p2 * v9;
             const uint32_t v11 = v3 / 32;

@@ -7,23 +7,23 @@ void kernel_main() {
     const uint32_t tiles = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t chunks = get_arg_val<uint32_t>(3);
-    const uint32_t ws_partials0_addr = get_arg_val<uint32_t>(4);
-    constexpr auto ws_partials0_args = TensorAccessorArgs<0>();
-    const auto ws_partials0 = TensorAccessor(ws_partials0_args, ws_partials0_addr, 128);
-    const uint32_t D = get_arg_val<uint32_t>(5);
+    const uint32_t addr_ws_partials0 = get_arg_val<uint32_t>(4);
+    constexpr auto args_ws_partials0 = TensorAccessorArgs<0>();
+    const auto ws_partials0 = TensorAccessor(args_ws_partials0, addr_ws_partials0, 128);
+    const uint32_t d_D = get_arg_val<uint32_t>(5);
     const uint32_t chunk = get_arg_val<uint32_t>(6);
-    const uint32_t grad_x_addr = get_arg_val<uint32_t>(7);
-    constexpr auto grad_x_args = TensorAccessorArgs<ws_partials0_args.next_compile_time_args_offset()>();
-    const auto grad_x = TensorAccessor(grad_x_args, grad_x_addr, 4096);
+    const uint32_t addr_t_grad_x = get_arg_val<uint32_t>(7);
+    constexpr auto args_t_grad_x = TensorAccessorArgs<args_ws_partials0.next_compile_time_args_offset()>();
+    const auto t_grad_x = TensorAccessor(args_t_grad_x, addr_t_grad_x, 4096);
     const uint32_t rows = get_arg_val<uint32_t>(8);
     for (uint32_t t1 = core; t1 < tiles; t1 += cores) {
         for (uint32_t c2 = 0; c2 < chunks; c2 += 1) {
             const uint32_t v3 = c2 * chunk;
-            const uint32_t v4 = D - v3;
+            const uint32_t v4 = d_D - v3;
             const uint32_t v5 = (v4 < chunk ? v4 : chunk);
             const uint32_t v6 = v5 + 31;
             const uint32_t v7 = v6 / 32;
-            const uint32_t v8 = D + 31;
+            const uint32_t v8 = d_D + 31;
             const uint32_t v9 = v8 / 32;
             const uint32_t v10 = t1 * v9;
             const uint32_t v11 = v3 / 32;
@@ -50,7 +50,7 @@ void kernel_main() {
                 cb_wait_front(tt::CBIndex::c_11, 1);
                 const uint32_t v25 = v23 + j24;
                 const uint32_t v26 = get_read_ptr(tt::CBIndex::c_11);
-                noc_async_write_page(v25, grad_x, v26);
+                noc_async_write_page(v25, t_grad_x, v26);
                 noc_async_writes_flushed();
                 cb_pop_front(tt::CBIndex::c_11, 1);
             }

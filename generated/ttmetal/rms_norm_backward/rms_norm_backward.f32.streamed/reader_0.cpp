@@ -8,28 +8,28 @@ void kernel_main() {
     const uint32_t tiles = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t chunks = get_arg_val<uint32_t>(3);
-    const uint32_t x_addr = get_arg_val<uint32_t>(4);
-    constexpr auto x_args = TensorAccessorArgs<0>();
-    const auto x = TensorAccessor(x_args, x_addr, 4096);
-    const uint32_t D = get_arg_val<uint32_t>(5);
+    const uint32_t addr_t_x = get_arg_val<uint32_t>(4);
+    constexpr auto args_t_x = TensorAccessorArgs<0>();
+    const auto t_x = TensorAccessor(args_t_x, addr_t_x, 4096);
+    const uint32_t d_D = get_arg_val<uint32_t>(5);
     const uint32_t chunk = get_arg_val<uint32_t>(6);
     const uint32_t rows = get_arg_val<uint32_t>(7);
-    const uint32_t grad_y_addr = get_arg_val<uint32_t>(8);
-    constexpr auto grad_y_args = TensorAccessorArgs<x_args.next_compile_time_args_offset()>();
-    const auto grad_y = TensorAccessor(grad_y_args, grad_y_addr, 4096);
-    const uint32_t w_addr = get_arg_val<uint32_t>(9);
-    constexpr auto w_args = TensorAccessorArgs<grad_y_args.next_compile_time_args_offset()>();
-    const auto w = TensorAccessor(w_args, w_addr, 128);
-    const uint32_t N = get_arg_val<uint32_t>(10);
+    const uint32_t addr_t_grad_y = get_arg_val<uint32_t>(8);
+    constexpr auto args_t_grad_y = TensorAccessorArgs<args_t_x.next_compile_time_args_offset()>();
+    const auto t_grad_y = TensorAccessor(args_t_grad_y, addr_t_grad_y, 4096);
+    const uint32_t addr_t_w = get_arg_val<uint32_t>(9);
+    constexpr auto args_t_w = TensorAccessorArgs<args_t_grad_y.next_compile_time_args_offset()>();
+    const auto t_w = TensorAccessor(args_t_w, addr_t_w, 128);
+    const uint32_t d_N = get_arg_val<uint32_t>(10);
     opgen_tt_fill_scaler(tt::CBIndex::c_3);
     for (uint32_t t1 = core; t1 < tiles; t1 += cores) {
         for (uint32_t c2 = 0; c2 < chunks; c2 += 1) {
             const uint32_t v3 = c2 * chunk;
-            const uint32_t v4 = D - v3;
+            const uint32_t v4 = d_D - v3;
             const uint32_t v5 = (v4 < chunk ? v4 : chunk);
             const uint32_t v6 = v5 + 31;
             const uint32_t v7 = v6 / 32;
-            const uint32_t v8 = D + 31;
+            const uint32_t v8 = d_D + 31;
             const uint32_t v9 = v8 / 32;
             const uint32_t v10 = t1 * rows;
             const uint32_t v11 = v10 / 32;
@@ -45,7 +45,7 @@ void kernel_main() {
                 const uint32_t v20 = v14 + j19;
                 const uint32_t v21 = j19 * 4096;
                 const uint32_t v22 = v18 + v21;
-                noc_async_read_page(v20, x, v22);
+                noc_async_read_page(v20, t_x, v22);
             }
             noc_async_read_barrier();
             cb_push_back(tt::CBIndex::c_2, v17);
@@ -59,7 +59,7 @@ void kernel_main() {
                 const uint32_t v28 = v14 + j27;
                 const uint32_t v29 = j27 * 4096;
                 const uint32_t v30 = v26 + v29;
-                noc_async_read_page(v28, grad_y, v30);
+                noc_async_read_page(v28, t_grad_y, v30);
             }
             noc_async_read_barrier();
             cb_push_back(tt::CBIndex::c_7, v17);
@@ -70,10 +70,10 @@ void kernel_main() {
                 const uint32_t v34 = v31 + j33;
                 const uint32_t v35 = j33 * 4096;
                 const uint32_t v36 = v32 + v35;
-                const uint64_t v37 = w.get_noc_addr(v34, 0);
+                const uint64_t v37 = t_w.get_noc_addr(v34, 0);
                 const uint32_t v38 = v36 + 0;
                 noc_async_read(v37, v38, 64);
-                const uint64_t v39 = w.get_noc_addr(v34, 64);
+                const uint64_t v39 = t_w.get_noc_addr(v34, 64);
                 const uint32_t v40 = v36 + 1024;
                 noc_async_read(v39, v40, 64);
             }
@@ -82,11 +82,11 @@ void kernel_main() {
         }
         for (uint32_t c41 = 0; c41 < chunks; c41 += 1) {
             const uint32_t v42 = c41 * chunk;
-            const uint32_t v43 = D - v42;
+            const uint32_t v43 = d_D - v42;
             const uint32_t v44 = (v43 < chunk ? v43 : chunk);
             const uint32_t v45 = v44 + 31;
             const uint32_t v46 = v45 / 32;
-            const uint32_t v47 = D + 31;
+            const uint32_t v47 = d_D + 31;
             const uint32_t v48 = v47 / 32;
             const uint32_t v49 = t1 * rows;
             const uint32_t v50 = v49 / 32;
@@ -102,7 +102,7 @@ void kernel_main() {
                 const uint32_t v59 = v53 + j58;
                 const uint32_t v60 = j58 * 4096;
                 const uint32_t v61 = v57 + v60;
-                noc_async_read_page(v59, grad_y, v61);
+                noc_async_read_page(v59, t_grad_y, v61);
             }
             noc_async_read_barrier();
             cb_push_back(tt::CBIndex::c_2, v56);
@@ -112,11 +112,11 @@ void kernel_main() {
                 const uint32_t v64 = v53 + j63;
                 const uint32_t v65 = j63 * 4096;
                 const uint32_t v66 = v62 + v65;
-                noc_async_read_page(v64, x, v66);
+                noc_async_read_page(v64, t_x, v66);
             }
             noc_async_read_barrier();
             cb_push_back(tt::CBIndex::c_7, v56);
-            const uint32_t v67 = N - v49;
+            const uint32_t v67 = d_N - v49;
             const uint32_t v68 = (v67 < rows ? v67 : rows);
             opgen_tt_fill_row_mask(tt::CBIndex::c_10, v68);
             const uint32_t v69 = 0 + v52;
@@ -126,10 +126,10 @@ void kernel_main() {
                 const uint32_t v72 = v69 + j71;
                 const uint32_t v73 = j71 * 4096;
                 const uint32_t v74 = v70 + v73;
-                const uint64_t v75 = w.get_noc_addr(v72, 0);
+                const uint64_t v75 = t_w.get_noc_addr(v72, 0);
                 const uint32_t v76 = v74 + 0;
                 noc_async_read(v75, v76, 64);
-                const uint64_t v77 = w.get_noc_addr(v72, 64);
+                const uint64_t v77 = t_w.get_noc_addr(v72, 64);
                 const uint32_t v78 = v74 + 1024;
                 noc_async_read(v77, v78, 64);
             }
