@@ -157,7 +157,7 @@ def _index(op: IRDLOperation, *vals: SSAValue) -> None:
 class KernelOp(IRDLOperation):
     """One core's program for one dtype binding (``dtype_vars`` maps each dtype variable to the
     dtype of this instance). Block arguments: the op's parameters (``!tile.gm`` for tensors,
-    rank-0 ``!opgen.tensor`` for attributes and sizes), then the workspace (``!tile.gm<[W], u8>``)."""
+    rank-0 ``!opgen.tensor`` for attributes and sizes), then the workspace (``!tile.gm<[tile.ws_bytes], u8>``)."""
 
     name = "tile.kernel"
     sym_name = prop_def(StringAttr)
@@ -351,7 +351,8 @@ class WorkspaceOp(IRDLOperation):
 @irdl_op_definition
 class CopyInOp(IRDLOperation):
     """Rows ``[row0, row0 + nrows)`` and columns ``[col0, col0 + ncols)`` of ``src`` into an
-    on-chip tile (``!opgen.tensor<[R, C], T>``: the tile's full size; rows and columns past the
+    on-chip tile (``!opgen.tensor<[tile.rows, C], T>``, ``C`` the view's columns or
+    ``tile.chunk``: the tile's full size; rows and columns past the
     valid ones hold unspecified values that no later op reads). A rank-1 view is one row."""
 
     name = "tile.copy_in"

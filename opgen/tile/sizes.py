@@ -109,7 +109,8 @@ def _kernel_parts(k: t.KernelOp) -> tuple[t.TilingOp, list[t.BufferOp]]:
 
 
 def rows_dim(k: t.KernelOp) -> str | None:
-    """The dim the row tiles walk (the rows of the first copy-in with a tile of R rows)."""
+    """The op's dim the row tiles walk (the rows of the first copy-in with a tile of ``tile.rows``
+    rows), None when no copy walks rows."""
     for op in k.body.block.walk():
         if (isinstance(op, t.CopyInOp) and ir.tensor_type(op.result).shape[0] != "1"
                 and not isinstance(op.src.owner, t.WorkspaceOp)):

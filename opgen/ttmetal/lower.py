@@ -8,8 +8,8 @@ Every decision of the TT-Metal backend is made here, none in the printer:
 * **Units.** Each kernel of the tile level becomes three: ``tile.copy_in`` -> the reader
   (``noc_async_read_page`` of whole tiles into a CB), ``tile.copy_out`` -> the writer, everything
   else -> the compute kernel. All three walk the same loops (identical trip counts).
-* **Values and CBs.** A tile-level value of shape ``[R, D]`` (*full*: 32 rows x ``Wt`` tiles),
-  ``[R, 1]`` (*col*: one tile, column 0 valid) or ``[1, D]`` (*row*: ``Wt`` tiles, row 0 valid).
+* **Values and CBs.** A tile-level value of shape ``[tile.rows, D]`` (*full*: 32 rows x ``Wt``
+  tiles), ``[tile.rows, 1]`` (*col*: one tile, column 0 valid) or ``[1, D]`` (*row*: ``Wt`` tiles, row 0 valid).
   Copied-in values live in a CB of ``Wt`` pages for the row block (resident schedule); col values
   that a broadcast reads, and reduction results, get a one-page CB; loop-carried row values (the
   column sums) a ``Wt``-page CB that is popped and pushed tile by tile. Elementwise math on full
