@@ -104,10 +104,6 @@ def _cases() -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def _oracle(built: dict, op: str, args: dict[str, Any]) -> dict[str, np.ndarray]:
-    return oracle.run(built["ops"][op], **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
-
-
 def _copy(args: dict[str, Any]) -> dict[str, Any]:
     return {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
 
@@ -122,7 +118,7 @@ def _against_oracle(built: dict, call: Any) -> None:
     """Every case through ``call(op, args) -> outputs`` against the oracle."""
     failures = []
     for name, op, args in _cases():
-        ref = _oracle(built, op, args)
+        ref = oracle.run(built["ops"][op], **_copy(args))
         got = call(op, _copy(args))
         for k, v in ref.items():
             try:

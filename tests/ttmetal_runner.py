@@ -23,6 +23,7 @@ import numpy as np
 
 from opgen import registry
 from opgen.emit import ttmetal
+from opgen.ttmetal.lower import op_ident
 from tests.ttmetal_model import build as model_build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,7 +139,7 @@ def main_cpp(man: dict) -> str:
             if a["kind"] == "tensor":
                 page = a["page_size"] if isinstance(a["page_size"], int) else \
                     "32" if "converted_to" in a else "index_page"  # (PAGE_<name>: the element size)
-                lines.append(f'        auto t_{a["name"]} = make("{a["name"]}", {page});')
+                lines.append(f'        auto {op_ident("tensor", a["name"])} = make("{a["name"]}", {page});')
                 if "converted_to" in a:
                     lines.append(f'        const auto dtype_{a["name"]} = (opgen_tt::IndexType)std::atoi('
                                  f'std::getenv("OPGEN_TT_TYPE_{a["name"]}"));')
@@ -146,9 +147,10 @@ def main_cpp(man: dict) -> str:
                 parse = {"f32": "std::strtof(argv[{i}], nullptr)", "bool": "std::atoi(argv[{i}]) != 0"}.get(
                     a["dtype"], "std::strtoll(argv[{i}], nullptr, 10)")
                 ctype = {"f32": "float", "bool": "bool"}.get(a["dtype"], "int64_t")
-                lines.append(f'        const {ctype} a_{a["name"]} = {parse.format(i=7 + ndims + s)};')
+                name = op_ident("scalar", a["name"])
+                lines.append(f'        const {ctype} {name} = {parse.format(i=7 + ndims + s)};')
                 s += 1
-            args.append(("t_" if a["kind"] == "tensor" else "a_") + a["name"])
+            args.append(op_ident(a["kind"], a["name"]))
         if v["index_dtype_param"]:
             args.append("index_dtype")
         args += [f'dtype_{a["name"]}' for a in v["args"] if "converted_to" in a]

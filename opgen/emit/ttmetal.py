@@ -19,6 +19,7 @@ from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.tile.lower import TileUnsupported
 from opgen.ttmetal import dialect as k
+from opgen.ttmetal.lower import op_ident
 from opgen.ttmetal.scatter import PLAN_SLOTS
 
 KERNEL_HEADERS = {
@@ -161,16 +162,15 @@ class KernelPrinter(Scalars):
 
 
 def arg_ident(prog: k.ProgramOp, name: str) -> str:
-    """The C++ name of the op's argument ``name`` in host code and kernels: ``t_<name>`` for a
-    tensor, ``a_<name>`` for a scalar (and ``d_<dim>`` for a dim, ``conv_``/``dtype_``/``data_``
-    for a tensor's converted copy, index type and bytes read back): none of the host's own names
+    """The C++ name of the op's argument ``name`` in host code and kernels (:func:`op_ident`:
+    ``t_<name>`` for a tensor, ``a_<name>`` for a scalar; and ``d_<dim>`` for a dim,
+    ``conv_``/``dtype_``/``data_`` for a tensor's converted copy, index type and bytes read
+    back): none of the host's own names
     (``mesh``, ``program``, ``cores``, workspace regions, plans) nor a C++ keyword starts so, so an
     op may name its tensors ``cores`` or ``int``. A name that is not an argument (a workspace
     region, a plan) is the compiler's and stays as it is."""
     names = [a.data for a in prog.arg_names.data]
-    if name not in names:
-        return name
-    return ("t_" if prog.arg_kinds.data[names.index(name)].data == "tensor" else "a_") + name
+    return op_ident(prog.arg_kinds.data[names.index(name)].data, name) if name in names else name
 
 
 class HostPrinter(Scalars):

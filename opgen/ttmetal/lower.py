@@ -154,11 +154,17 @@ class Node:
         return 1
 
 
+def op_ident(kind: str, name: str) -> str:
+    """The C++ name, in host code and kernels, of the op's argument ``name`` of ``kind``
+    (``tensor`` or a scalar's): ``t_<name>`` or ``a_<name>`` (see :class:`KernelBuilder`)."""
+    return ("t_" if kind == "tensor" else "a_") + name
+
+
 class KernelBuilder:
     """Appends one kernel's ops; maps tile-level scalars to kernel values lazily (runtime args for
     dims, params and the core index, cloned arithmetic for the rest), one map per loop scope.
 
-    The op's names get the prefix of their kind (opgen/emit/ttmetal.py ``arg_ident``): runtime
+    The op's names get the prefix of their kind (:func:`op_ident`): runtime
     args ``d_<dim>`` and ``a_<arg>``, accessors ``t_<tensor>`` (with ``addr_``/``args_`` before
     them), which none of the compiler's own names (tiling parameters, ``core``, ``strip``,
     ``f<k>``, workspace regions, plans) starts with: a dim named ``rows`` and the ``rows``
@@ -216,7 +222,7 @@ class KernelBuilder:
         if kind(v) == "float":
             r = self.rt_arg(f"f{len(self.rt)}", low.host_op(k.BitsOp(low.host_val(v))))
         elif v in low.arg_of:  # an integer or bool argument of the op
-            r = self.rt_arg(f"a_{low.arg_of[v]}", low.host_val(v))
+            r = self.rt_arg(op_ident("scalar", low.arg_of[v]), low.host_val(v))
         elif isinstance(op, Block):
             raise TtUnsupported(low.name, "a loop variable used outside its loop")
         elif isinstance(op, t.ParamOp):
@@ -245,10 +251,11 @@ class KernelBuilder:
 
     def accessor(self, gm: SSAValue, name: str) -> str:
         """The kernel's TensorAccessor over tensor argument (or workspace region) ``name``
-        (declared once): its C++ name, the host's for the buffer (``t_<name>`` for a tensor
-        argument: opgen/emit/ttmetal.py ``arg_ident``)."""
+        (declared once): its C++ name, the host's for the buffer (:func:`op_ident` for a tensor
+        argument)."""
         if name not in self.acc_vals:
-            self._declare_accessor(name, f"t_{name}" if name in self.low.args else name, self.low.page_bytes(gm))
+            ident = op_ident("tensor", name) if name in self.low.args else name
+            self._declare_accessor(name, ident, self.low.page_bytes(gm))
         return self.acc_vals[name]
 
     def _declare_accessor(self, buffer: str, ident: str, page: int) -> None:
@@ -391,6 +398,7 @@ class Lowering:
         tiling = next(o for o in kernel.body.block.ops if isinstance(o, t.TilingOp))
         self.params = {o.param.data: o.value for o in tiling.body.block.ops if isinstance(o, t.SetParamOp)}
         self._tiles: dict[str, SSAValue] = {}
+        self.cols = cols_dim(kernel)  # the op's dim the kernel's rows run along
         self.ws_done: set[str] = set()
         self._scratch = Block()  # tile-level scalars the lowering makes up (tile counts)
 
@@ -431,13 +439,18 @@ class Lowering:
     def hconst(self, v: int) -> SSAValue:
         return self.host_op(ir.ConstantOp(v, "i64"))
 
+    def host_dim(self, dim: str) -> SSAValue:
+        """Host: the size a shape dim stands for: a tiling parameter's (``tile.chunk``), a
+        number, or the op's dim."""
+        if param := t.dim_param(dim):
+            return self.host_val(self.params[param])
+        return self.hconst(int(dim)) if dim.isdigit() else self.host_op(ir.DimOp(dim))
+
     def host_tiles(self, dim: str) -> SSAValue:
-        """Host: tiles along a tile dim symbol: a dim (``D``) -> ceil(D/32), a column chunk (``C``,
-        ``CC``: the ``chunk`` / ``col_chunk`` parameters) -> ceil(chunk/32)."""
+        """Host: tiles along a shape dim, ceil(size / 32) (:meth:`host_dim`; a number folded)."""
         if dim.isdigit():
             return self.hconst((int(dim) + TILE - 1) // TILE)
-        param = t.dim_param(dim)
-        d = self.host_val(self.params[param]) if param else self.host_op(ir.DimOp(dim))
+        d = self.host_dim(dim)
         return self.host_op(ir.DivOp(self.host_op(ir.AddOp(d, self.hconst(TILE - 1))), self.hconst(TILE)))
 
     def layout(self, gm: SSAValue) -> str:
@@ -464,7 +477,7 @@ class Lowering:
             sym = f"ws{self.part or ''}_{gm.owner.offset.data}"  # one DRAM buffer per workspace region
             if sym not in self.ws_done:  # one page row per row of the region (row layout), or tiles
                 rows, cols = gm.type.shape
-                nrows = self.host_val(self.params[p]) if (p := t.dim_param(rows)) else self.hconst(int(rows))
+                nrows = self.host_dim(rows)
                 if self.layout(gm) == "tile":
                     nrows = self.host_op(ir.DivOp(self.host_op(ir.AddOp(nrows, self.hconst(TILE - 1))),
                                                   self.hconst(TILE)))
@@ -837,7 +850,7 @@ class Lowering:
         if kind(init) == "col":
             return self.c.const(1)
         dim = ir.tensor_type(init).shape[1]
-        if dim not in (cols_dim(self.k), t.COL_CHUNK):
+        if dim not in (self.cols, t.COL_CHUNK):
             raise TtUnsupported(self.name, f"a loop-carried row of {dim} columns")
         return self.c.val(self.tiles(dim))
 
@@ -870,7 +883,8 @@ class Lowering:
 
     def tiles(self, dim: str) -> SSAValue:
         """A tile-level scalar (built in a scratch block, cloned into kernels on use): tiles along
-        tile dim ``dim`` — ``ceil(D / 32)``, 1 for a 32-column chunk ``CC``."""
+        tile dim ``dim`` — ``ceil(D / 32)`` of the op's dim, 1 for a 32-column chunk
+        (``tile.col_chunk``)."""
         if dim not in self._tiles:
             if dim == t.COL_CHUNK:
                 ops = [ir.ConstantOp(1, "i64")]
