@@ -329,6 +329,38 @@ def compile_cuda(out_dir: Path, build_dir: Path, verbose: bool, wanted: bool) ->
 BUILD_DIR = registry.REPO_ROOT / "build"
 
 
+def _stamp_file(out_dir: Path, bdir: Path) -> Path:
+    """Where a build into ``out_dir`` records what it wrote (in its build directory)."""
+    return bdir / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
+
+
+def _up_to_date(out_dir: Path, stamp_file: Path, digest: str) -> list[str] | None:
+    """The files of ``out_dir`` when its stamp records a build from sources of ``digest`` and
+    every file it wrote is still there, unchanged; else None."""
+    try:
+        stamp = json.loads(stamp_file.read_text())
+    except (OSError, ValueError):
+        return None
+    files = stamp.get("files", {})
+    if stamp.get("digest") != digest or stamp.get("out") != str(out_dir) or not files or not all(
+            (out_dir / p).is_file() and hashlib.sha256((out_dir / p).read_bytes()).hexdigest() == h
+            for p, h in files.items()):
+        return None
+    return sorted(files)
+
+
+def generated_files() -> dict[str, str]:
+    """Every file of the repository's ``generated/`` as :func:`generate_all` makes it now: read
+    back when the stamp of the last ``opgen build`` says ``generated/`` is up to date with the
+    compiler's and the ops' sources (the check by which a build skips regenerating), else
+    generated (nothing is written)."""
+    out_dir = registry.REPO_ROOT / "generated"
+    current = _up_to_date(out_dir, _stamp_file(out_dir, BUILD_DIR), _sources_digest())
+    if current is None:
+        return generate_all(verbose=False)
+    return {p: (out_dir / p).read_bytes().decode() for p in current}
+
+
 def default_build_dir(out_dir: Path) -> Path:
     """Where the libraries of ``out_dir`` are compiled: ``<repo>/build`` for ``<repo>/generated``,
     else ``<out>.build`` beside it (never inside ``out_dir``, whose extra files the build removes;
@@ -352,16 +384,10 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
     bdir = Path(build_dir).resolve() if build_dir else default_build_dir(out_dir)
     if bdir == out_dir or bdir.is_relative_to(out_dir):
         raise ValueError(f"the build directory {bdir} must not be inside the output directory {out_dir}")
-    stamp_file = bdir / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
+    stamp_file = _stamp_file(out_dir, bdir)
     digest = _sources_digest()
     if not check and not only and stamp_file.exists():
-        try:
-            stamp = json.loads(stamp_file.read_text())
-        except ValueError:
-            stamp = {}
-        if stamp.get("digest") == digest and stamp.get("out") == str(out_dir) and all(
-                (out_dir / p).is_file() and hashlib.sha256((out_dir / p).read_bytes()).hexdigest() == h
-                for p, h in stamp.get("files", {}).items()):
+        if _up_to_date(out_dir, stamp_file, digest) is not None:
             if verbose:
                 print(f"opgen build: {out_dir} is up to date")
             if compile_lib:

@@ -165,3 +165,33 @@ def test_concurrent_compiles_of_one_object_all_succeed(tmp_path: Path) -> None:
     assert sorted(p.name for p in obj_dir.iterdir()) == [obj.name]  # no scratch file left behind
     nm = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
     assert "T f399" in nm and "T f0" in nm
+
+
+def test_generated_files_are_read_back_only_while_the_stamp_holds(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build's stamp holds while the compiler's and ops' sources have its digest and every file
+    it wrote is unchanged; tests then read generated/ back instead of generating it again, and
+    generate when it does not hold."""
+    import hashlib
+    import json
+
+    from opgen import build
+
+    out = tmp_path / "gen"
+    (out / "cpu").mkdir(parents=True)
+    (out / "cpu" / "a.c").write_text("int a;\n")
+    stamp = tmp_path / "generate.stamp"
+    stamp.write_text(json.dumps({"digest": "d1", "out": str(out),
+                                 "files": {"cpu/a.c": hashlib.sha256(b"int a;\n").hexdigest()}}))
+    assert build._up_to_date(out, stamp, "d1") == ["cpu/a.c"]
+    assert build._up_to_date(out, stamp, "d2") is None  # the compiler or an op changed
+    assert build._up_to_date(tmp_path / "elsewhere", stamp, "d1") is None
+    (out / "cpu" / "a.c").write_text("int b;\n")  # a generated file edited
+    assert build._up_to_date(out, stamp, "d1") is None
+    (out / "cpu" / "a.c").unlink()
+    assert build._up_to_date(out, stamp, "d1") is None
+    stamp.write_text("{not json")
+    assert build._up_to_date(out, stamp, "d1") is None
+    monkeypatch.setattr(build, "_up_to_date", lambda *a: None)
+    monkeypatch.setattr(build, "generate_all", lambda verbose=True: {"cpu/x.c": "fresh"})
+    assert build.generated_files() == {"cpu/x.c": "fresh"}

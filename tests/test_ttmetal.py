@@ -787,3 +787,24 @@ def test_identical_kernels_share_one_file():
     manifest_files = {kk["file"] for v in runner.manifest(o.name)["variants"] for ln in v["launches"]
                       for kk in ln["kernels"]}
     assert all(f"ttmetal/{o.name}/{f}" in files for f in manifest_files)
+
+
+def test_bodies_differing_only_in_a_result_type_or_name_are_not_shared():
+    """share-kernels compares bodies without printing them: a result type or an SSA name (both
+    printed) tells two bodies apart; the same ops on other values of the same places do not."""
+    from xdsl.dialects import arith
+    from xdsl.dialects.builtin import f32, f64, i32
+    from xdsl.ir import Block, Region
+
+    from opgen.ttmetal.share import same_body
+
+    def body(to: Any = f32, name: str | None = None) -> Region:
+        b = Block(arg_types=[i32])
+        conv = arith.SIToFPOp(b.args[0], to)
+        conv.result.name_hint = name
+        b.add_ops([conv, arith.AddfOp(conv.result, conv.result)])
+        return Region(b)
+
+    assert same_body(body(), body())
+    assert not same_body(body(), body(f64))
+    assert not same_body(body(), body(name="x"))

@@ -29,6 +29,7 @@
 #include <math.h>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <stdint.h>
 #include <string.h>
 #include <thread>
@@ -89,36 +90,45 @@ inline unsigned int atomicCAS(unsigned int *p, unsigned int cmp, unsigned int v)
     return cmp;
 }
 
-/* Run a launch: blocks in order, each block's threads concurrently. */
+/* Run a launch: blocks in order, each block's threads concurrently. The launch's `block` threads
+ * are made once and run every block in turn: between two blocks they all wait on `next`, whose
+ * completion (run while every thread waits) gives the next block fresh barriers (a thread that
+ * returned early dropped out of the last ones) and fresh garbage in its dynamic shared memory. */
 inline void opgen_emu_launch(unsigned int grid, unsigned int block, size_t shmem, const std::function<void()> &body) {
+    if (grid == 0 || block == 0) return;
     const unsigned int warps = (block + 31) / 32;
-    for (unsigned int b = 0; b < grid; b++) {
-        std::unique_ptr<unsigned char, decltype(&free)> sm(
-            (unsigned char *)aligned_alloc(256, (shmem + 255) / 256 * 256 + 256), &free);
-        memset(sm.get(), 0xA5, (shmem + 255) / 256 * 256 + 256);
-        opgen_emu_barrier bar((std::ptrdiff_t)block);
-        std::vector<std::unique_ptr<opgen_emu_barrier>> wbar;
-        std::vector<uint64_t> slots((size_t)warps * 32);
-        for (unsigned int w = 0; w < warps; w++)
-            wbar.emplace_back(new opgen_emu_barrier((std::ptrdiff_t)std::min(32u, block - 32 * w)));
-        std::vector<std::thread> ts;
-        ts.reserve(block);
-        for (unsigned int t = 0; t < block; t++)
-            ts.emplace_back([&, t] {
-                threadIdx = {t, 0, 0};
+    const size_t smem_bytes = (shmem + 255) / 256 * 256 + 256;
+    std::unique_ptr<unsigned char, decltype(&free)> sm((unsigned char *)aligned_alloc(256, smem_bytes), &free);
+    std::vector<uint64_t> slots((size_t)warps * 32);
+    std::optional<opgen_emu_barrier> bar;
+    std::vector<std::optional<opgen_emu_barrier>> wbar(warps);
+    auto fresh = [&]() noexcept {
+        memset(sm.get(), 0xA5, smem_bytes);
+        bar.emplace((std::ptrdiff_t)block);
+        for (unsigned int w = 0; w < warps; w++) wbar[w].emplace((std::ptrdiff_t)std::min(32u, block - 32 * w));
+    };
+    fresh();
+    std::barrier next((std::ptrdiff_t)block, fresh);
+    std::vector<std::thread> ts;
+    ts.reserve(block);
+    for (unsigned int t = 0; t < block; t++)
+        ts.emplace_back([&, t] {
+            threadIdx = {t, 0, 0};
+            blockDim = {block, 1, 1};
+            gridDim = {grid, 1, 1};
+            opgen_emu_slots = &slots[(size_t)(t / 32) * 32];
+            opgen_emu_smem = sm.get();
+            for (unsigned int b = 0; b < grid; b++) {
                 blockIdx = {b, 0, 0};
-                blockDim = {block, 1, 1};
-                gridDim = {grid, 1, 1};
-                opgen_emu_block = &bar;
-                opgen_emu_warp = wbar[t / 32].get();
-                opgen_emu_slots = &slots[(size_t)(t / 32) * 32];
-                opgen_emu_smem = sm.get();
+                opgen_emu_block = &*bar;
+                opgen_emu_warp = &*wbar[t / 32];
                 body();
                 opgen_emu_warp->arrive_and_drop();
                 opgen_emu_block->arrive_and_drop();
-            });
-        for (auto &th : ts) th.join();
-    }
+                next.arrive_and_wait();
+            }
+        });
+    for (auto &th : ts) th.join();
 }
 
 /* ---- the runtime API subset ---- */
