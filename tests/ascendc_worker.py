@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from opgen import oracle, registry, runtime  # noqa: E402
 from opgen.binding import OpError  # noqa: E402
-from tests.cpu_cases import assert_c_close, snapshot  # noqa: E402
+from tests.cpu_cases import assert_c_close, copied, snapshot  # noqa: E402
 
 
 class AscendAbi:
@@ -91,8 +91,7 @@ def run(lib: AscendAbi, cases: list[tuple[str, str, dict[str, Any]]]) -> tuple[l
         facade, _, op = op_name.rpartition(":")  # "infiniop:<op>": through the facade
         o = registry.get(op)
         try:
-            ref: dict[str, np.ndarray] | OpError = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v
-                                                                    for k, v in args.items()})
+            ref: dict[str, np.ndarray] | OpError = oracle.run(o, **copied(args))
         except OpError as e:
             ref = e
         before = snapshot(args)

@@ -237,6 +237,11 @@ def assert_c_close(ours: np.ndarray, ref: np.ndarray, what: str = "", products: 
             f"{scale:.3e})")
 
 
+def copied(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with every array copied (for the oracle beside a call that writes its outputs)."""
+    return {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
+
+
 def snapshot(args: dict[str, Any]) -> dict[str, bytes]:
     return {k: np.array(v).tobytes() for k, v in args.items() if isinstance(v, np.ndarray)}
 

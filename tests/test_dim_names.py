@@ -30,7 +30,7 @@ from opgen import oracle, runtime
 from opgen.dsl import DSLError, dims
 from tests import ttmetal_runner as tt_runner
 from tests.ascendc_model import build as ascend_model
-from tests.cpu_cases import assert_c_close, filled, floats
+from tests.cpu_cases import assert_c_close, copied, filled, floats
 from tests.cuda_emu import emu_build, emu_worker
 from tests.ops_dirs import built_ops
 from tests.ttmetal_model import build as tt_model
@@ -104,10 +104,6 @@ def _cases() -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def _copy(args: dict[str, Any]) -> dict[str, Any]:
-    return {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     with built_ops(tmp_path_factory.mktemp("dimnames"), "opgen_test_dim_names", {"named.py": OPS}) as b:
@@ -118,8 +114,8 @@ def _against_oracle(built: dict, call: Any) -> None:
     """Every case through ``call(op, args) -> outputs`` against the oracle."""
     failures = []
     for name, op, args in _cases():
-        ref = oracle.run(built["ops"][op], **_copy(args))
-        got = call(op, _copy(args))
+        ref = oracle.run(built["ops"][op], **copied(args))
+        got = call(op, copied(args))
         for k, v in ref.items():
             try:
                 assert_c_close(np.asarray(got[k]), v, f"{name}.{k}")

@@ -29,6 +29,7 @@ from opgen import oracle, runtime
 from opgen.binding import OpError
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from tests.cpu_cases import copied
 from tests.cuda_emu import emu_build, emu_worker
 from tests.ops_dirs import built_ops
 from tests.reference import NP, assert_close_policy, assert_f64_close, f64, rounded, t64, tt
@@ -373,7 +374,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
 def run_both(built: dict, name: str, **args: object) -> tuple[dict, dict]:
     """(compiled CPU result, oracle result) of one call."""
     o = built["ops"][name]  # type: ignore[index]
-    ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
+    ref = oracle.run(o, **copied(args))
     got = runtime.call(name, lib=built["lib"], **args)  # type: ignore[arg-type]
     return got, ref
 

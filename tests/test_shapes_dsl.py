@@ -24,6 +24,7 @@ from opgen.ir import dialect as ir
 from opgen.ir import dims as symdims
 from opgen.lower import sched
 from opgen.tile.lower import TileUnsupported
+from tests.cpu_cases import copied
 from tests.cuda_emu import emu_build, emu_worker
 from tests.ops_dirs import built_ops
 from tests.reference import NP, assert_close_policy, assert_f64_close, rounded, t64, tt
@@ -209,8 +210,7 @@ BAD_SHAPES = [  # (op, args, what): each must fail with status "shape" and write
 def test_bad_shapes_are_refused_by_oracle_and_library(built, name, args, what):
     out_name = "y"
     with pytest.raises(OpError) as e:
-        oracle.run(built["ops"][name], **{k: np.copy(v) if isinstance(v, np.ndarray) else v  # type: ignore[index]
-                                          for k, v in args.items()})
+        oracle.run(built["ops"][name], **copied(args))  # type: ignore[index]
     assert e.value.status == "shape", what
     y = args[out_name]
     with pytest.raises(OpError) as e:
@@ -288,8 +288,7 @@ def test_shape_ops_cpu_library_match_oracle(built, rng):
     ] + [("halves", {"x": rng.standard_normal((4, d))}) for d in (0, 1, 2, 7, 33)]
     for name, args in cases:
         args = {k: v.astype(np.float32) if isinstance(v, np.ndarray) else v for k, v in args.items()}
-        want = oracle.run(built["ops"][name], **{k: np.copy(v) if isinstance(v, np.ndarray) else v  # type: ignore[index]
-                                                 for k, v in args.items()})
+        want = oracle.run(built["ops"][name], **copied(args))  # type: ignore[index]
         got = runtime.call(name, lib=built["lib"], **args)  # type: ignore[arg-type]
         for k, v in want.items():
             assert np.allclose(got[k], v, rtol=1e-6, atol=1e-6), (name, k)

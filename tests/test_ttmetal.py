@@ -24,7 +24,7 @@ from opgen.binding import OpError
 from opgen.emit import ttmetal
 from opgen.tile.lower import TileUnsupported
 from tests import ttmetal_runner as runner
-from tests.cpu_cases import assert_c_close, rms_args
+from tests.cpu_cases import assert_c_close, copied, rms_args
 from tests.ttmetal_model import build as model_build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_rms_norm_backward_on_the_model(rms_exe, tmp_path):
 
     def one(case):
         name, args, alias = case
-        ref_args = {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
+        ref_args = copied(args)
         if alias:
             for dst, src in alias.items():
                 ref_args[dst] = ref_args[src]
@@ -170,8 +170,7 @@ def test_rows_too_long_for_l1_use_the_next_schedule(rms_exe, tmp_path, T, shape,
     assert all(reps[p].refused for p in order[:runs]), "an earlier schedule fits: the case tests nothing"
     assert not reps[order[runs]].refused
     a = rms_args(np.random.default_rng(3), T, shape, 1e-6)
-    ref = oracle.run(registry.get("rms_norm_backward"), **{k: np.copy(v) if isinstance(v, np.ndarray) else v
-                                                            for k, v in a.items()})
+    ref = oracle.run(registry.get("rms_norm_backward"), **copied(a))
     outs = {g: _run_case(rms_exe, f"long-{T}", a, {}, g, tmp_path) for g in ((8, 8), (1, 1))}
     for k, v in ref.items():
         assert_c_close(outs[(8, 8)][k], v, k)
@@ -289,7 +288,7 @@ def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
             if len(shape) > 2 and op == "gelu_tanh_backward":
                 continue  # (written on (N, D) only)
             a = _new_args(rng, op, T, shape)
-            ref = oracle.run(new_ops[op], **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+            ref = oracle.run(new_ops[op], **copied(a))
             name = f"{op}-{T}-{'x'.join(map(str, shape))}"
             runs = {}
             for g in ((8, 8), (1, 1)):
@@ -380,7 +379,7 @@ def test_tensor_read_only_cast_is_converted_by_the_host(target_op, tmp_path):
     exe = runner.build(o.name, OUT / o.name)
     failures = []
     for dt, a in target_cases(np.random.default_rng(3)):
-        ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+        ref = oracle.run(o, **copied(a))
         proc, outs = runner.run(exe, o.name, a, tmp_path / dt, grid=(4, 4))
         assert proc.returncode == 0, f"{dt}: {proc.stderr[-3000:]}"
         try:
@@ -477,7 +476,7 @@ def test_embedding_dense_backward_on_the_model(edb_exe, tmp_path):
         cases.append((f"{T}-empty", edb_args(rng, T, "i32", (0,), 9, 11, 3, True)))
         cases.append((f"{T}-wide", edb_args(rng, T, "i64", (70,), 65, 5, 2, True)))
     for name, a in cases:
-        ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+        ref = oracle.run(o, **copied(a))
         runs = {}
         for g in ((8, 8), (1, 1)):
             proc, outs = runner.run(edb_exe, "embedding_dense_backward", a, tmp_path / f"{name}-{g[0]}", grid=g)
@@ -498,8 +497,7 @@ def test_embedding_dense_backward_refuses_bad_sizes_and_indices(edb_exe, tmp_pat
     a = edb_args(np.random.default_rng(3), "f32", "i32", (3, 5), 8, 11, 3, True)
     a["num_weights"] = 12  # out has 11 rows
     with pytest.raises(OpError):
-        oracle.run(registry.get("embedding_dense_backward"), **{k: np.copy(v) if isinstance(v, np.ndarray) else v
-                                                                for k, v in a.items()})
+        oracle.run(registry.get("embedding_dense_backward"), **copied(a))
     proc, outs = runner.run(edb_exe, "embedding_dense_backward", a, tmp_path / "size")
     assert proc.returncode == 3 and "num_weights differs from the tensors' V" in proc.stderr, proc.stderr
     assert outs["out"].tobytes() == a["out"].tobytes()
@@ -542,7 +540,7 @@ def test_embedding_backward_on_the_model(eb_exe, tmp_path):
         cases.append((f"{T}-empty", eb_args(rng, T, "i32", N=0, D=9)))
     for name, a in cases:
         try:
-            ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+            ref = oracle.run(o, **copied(a))
         except OpError as e:
             failures.append(f"{name}: the oracle refused ({e}): fix the case")
             continue
@@ -575,8 +573,7 @@ def test_embedding_backward_refuses_before_writing_either_table(eb_exe, tmp_path
     b = eb_args(np.random.default_rng(6), "f32", "i32", table2=False)
     b["alpha2"] = 0.5
     with pytest.raises(OpError):
-        oracle.run(registry.get("embedding_backward"), **{k: np.copy(v) if isinstance(v, np.ndarray) else v
-                                                          for k, v in b.items()})
+        oracle.run(registry.get("embedding_backward"), **copied(b))
     proc, outs = runner.run(eb_exe, "embedding_backward", b, tmp_path / "alpha2")
     assert proc.returncode == 3 and "alpha2 must be 0 when i2 is absent" in proc.stderr, proc.stderr
     assert outs["dtable1"].tobytes() == b["dtable1"].tobytes()
@@ -629,7 +626,7 @@ def test_flce_on_the_model(flce_exe, tmp_path):
     def one(case):
         name, a = case
         errs = []
-        ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+        ref = oracle.run(o, **copied(a))
         runs = {}
         for g in ((8, 8), *_FLCE_GRIDS.get(name, ())):
             proc, outs = runner.run(flce_exe, FLCE, a, tmp_path / f"{name}-{g[0]}x{g[1]}", grid=g)
@@ -700,7 +697,7 @@ def test_flce_refuses_bad_input_before_writing(flce_exe, tmp_path):
         if "mask" in edit:
             a["target_mask"] = a["target_mask"][:1]
         with pytest.raises(OpError):
-            oracle.run(registry.get(FLCE), **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+            oracle.run(registry.get(FLCE), **copied(a))
         proc, outs = runner.run(flce_exe, FLCE, a, tmp_path / what)
         assert proc.returncode == 3 and msg in proc.stderr, (what, proc.returncode, proc.stderr[-2000:])
         for k in ("input_grad", "weight_grad"):
