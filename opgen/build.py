@@ -334,19 +334,23 @@ def _stamp_file(out_dir: Path, bdir: Path) -> Path:
     return bdir / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
 
 
-def _up_to_date(out_dir: Path, stamp_file: Path, digest: str) -> list[str] | None:
-    """The files of ``out_dir`` when its stamp records a build from sources of ``digest`` and
-    every file it wrote is still there, unchanged; else None."""
+def _up_to_date(out_dir: Path, stamp_file: Path, digest: str) -> dict[str, bytes] | None:
+    """The files of ``out_dir`` (path -> contents, read once) when its stamp records a build from
+    sources of ``digest`` and every file it wrote is still there, unchanged; else None."""
     try:
         stamp = json.loads(stamp_file.read_text())
     except (OSError, ValueError):
         return None
-    files = stamp.get("files", {})
-    if stamp.get("digest") != digest or stamp.get("out") != str(out_dir) or not files or not all(
-            (out_dir / p).is_file() and hashlib.sha256((out_dir / p).read_bytes()).hexdigest() == h
-            for p, h in files.items()):
+    hashes = stamp.get("files", {})
+    if stamp.get("digest") != digest or stamp.get("out") != str(out_dir) or not hashes:
         return None
-    return sorted(files)
+    files = {}
+    for p, h in hashes.items():
+        f = out_dir / p
+        if not f.is_file() or hashlib.sha256(data := f.read_bytes()).hexdigest() != h:
+            return None
+        files[p] = data
+    return files
 
 
 def generated_files() -> dict[str, str]:
@@ -358,7 +362,7 @@ def generated_files() -> dict[str, str]:
     current = _up_to_date(out_dir, _stamp_file(out_dir, BUILD_DIR), _sources_digest())
     if current is None:
         return generate_all(verbose=False)
-    return {p: (out_dir / p).read_bytes().decode() for p in current}
+    return {p: data.decode() for p, data in current.items()}
 
 
 def default_build_dir(out_dir: Path) -> Path:

@@ -183,7 +183,7 @@ def test_generated_files_are_read_back_only_while_the_stamp_holds(tmp_path: Path
     stamp = tmp_path / "generate.stamp"
     stamp.write_text(json.dumps({"digest": "d1", "out": str(out),
                                  "files": {"cpu/a.c": hashlib.sha256(b"int a;\n").hexdigest()}}))
-    assert build._up_to_date(out, stamp, "d1") == ["cpu/a.c"]
+    assert build._up_to_date(out, stamp, "d1") == {"cpu/a.c": b"int a;\n"}
     assert build._up_to_date(out, stamp, "d2") is None  # the compiler or an op changed
     assert build._up_to_date(tmp_path / "elsewhere", stamp, "d1") is None
     (out / "cpu" / "a.c").write_text("int b;\n")  # a generated file edited
