@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -163,6 +164,16 @@ def test_ttmetal_on_the_model(built, tmp_path):
         return outs
 
     _against_oracle(built, call)
+
+
+@pytest.mark.skipif(not tt_runner.CHECKER.is_file() or shutil.which("bash") is None,
+                    reason="tt-kernel-check not available")
+def test_ttmetal_kernels_pass_the_real_header_check(built):
+    """The TT-Metal kernels of these ops (their names prefixed in C++: a tensor ``int``, a dim
+    ``rows``) through tt-kernel-check --werror against the real tt-metal headers."""
+    for o in built["ops"].values():
+        tt_runner.register(o)
+    tt_runner.check_headers(list(built["ops"]), built["root"] / "tt-check")
 
 
 @pytest.mark.parametrize("names", ["N 2D", "a.b", "N-1"])

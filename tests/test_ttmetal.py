@@ -38,56 +38,9 @@ pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no g++")
 
 
 # ------------------------------------------------------------------------- real headers
-def _kernels(op: str) -> list[tuple[str, dict, dict[int, str], Path]]:
-    src = OUT / "check" / op
-    for p, text in runner.sources(op).items():
-        f = src / p.removeprefix(f"ttmetal/{op}/")
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text)
-    out = []
-    for v in runner.manifest(op)["variants"]:
-        for ln in v["launches"]:
-            fmts = {cb["index"]: cb["format"] for cb in ln["cbs"]}
-            for kern in ln["kernels"]:
-                out.append((op, kern, fmts, src / kern["file"]))
-    return out
-
-
-def _check_kernels(items: list) -> None:
-    """Each kernel through tt-kernel-check --werror with its manifest's CT args and CB formats."""
-    import subprocess
-
-    assert items
-    inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=900)
-    assert inst.returncode == 0, inst.stdout + inst.stderr
-
-    def check(item):
-        _op, kern, fmts, path = item
-        cmd = [str(CHECKER), "--role", kern["role"], "--werror"]
-        if kern["ct_args"]:
-            cmd += ["--ct-args", ",".join(map(str, kern["ct_args"]))]
-        if kern["role"] == "compute":
-            cmd += ["--cb-format", ",".join(f"{i}={f}" for i, f in sorted(fmts.items()))]
-            if kern["fp32_dest_acc"]:
-                cmd.append("--fp32-dest-acc")
-        r = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=300)
-        return path, r
-
-    unique = {}  # the same kernel text with the same configuration: checked once
-    for it in items:
-        _op, kern, fmts, path = it
-        key = (path.read_text(), tuple(kern["ct_args"]), kern["role"], kern["fp32_dest_acc"],
-               tuple(sorted(fmts.items())) if kern["role"] == "compute" else ())
-        unique.setdefault(key, it)
-    with ThreadPoolExecutor(max_workers=4) as ex:
-        bad = [f"{p}:\n{r.stdout}{r.stderr}" for p, r in ex.map(check, unique.values())
-               if r.returncode != 0 or r.stdout.strip()]
-    assert not bad, "\n".join(bad)
-
-
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_every_kernel_passes_the_real_header_check():
-    _check_kernels([k for op in SUPPORTED for k in _kernels(op)])
+    runner.check_headers(SUPPORTED, OUT / "check")
 
 
 # ------------------------------------------------------------------------------- model
@@ -345,7 +298,7 @@ def test_per_element_conditions_on_the_model(new_ops, tmp_path):
 
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_new_dsl_ops_pass_the_real_header_check(new_ops):
-    _check_kernels([k for op in (*NEW, *MASKED) for k in _kernels(op)])
+    runner.check_headers((*NEW, *MASKED), OUT / "check")
 
 
 # --------------------------------------------------------------------------- boundary conversion
@@ -391,7 +344,7 @@ def test_tensor_read_only_cast_is_converted_by_the_host(target_op, tmp_path):
 
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_target_op_passes_the_real_header_check(target_op):
-    _check_kernels(_kernels(target_op.name))
+    runner.check_headers((target_op.name,), OUT / "check")
 
 
 # --------------------------------------------------------------------------- scatter-adds

@@ -15,6 +15,8 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,47 @@ def sources(op: str) -> dict[str, str]:
     if op not in _SOURCES:
         _SOURCES[op] = ttmetal.op_sources(_OPS.get(op) or registry.get(op))
     return _SOURCES[op]
+
+
+def check_headers(ops: Iterable[str], out_dir: Path) -> None:
+    """Every kernel of ``ops`` (written under ``out_dir/<op>``) through ``tt-kernel-check
+    --werror`` with its manifest's CT args, CB formats and compute config; the same kernel text
+    with the same configuration is checked once. Fails naming each kernel and its diagnostics."""
+    items = []
+    for op in ops:
+        src = out_dir / op
+        for path, text in sources(op).items():
+            f = src / path.removeprefix(f"ttmetal/{op}/")
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(text)
+        for v in manifest(op)["variants"]:
+            for ln in v["launches"]:
+                fmts = {cb["index"]: cb["format"] for cb in ln["cbs"]}
+                items.extend((kern, fmts, src / kern["file"]) for kern in ln["kernels"])
+    assert items, f"no kernels in {', '.join(ops)}"
+    inst = subprocess.run([str(CHECKER), "--install"], capture_output=True, text=True, timeout=900)
+    assert inst.returncode == 0, inst.stdout + inst.stderr
+
+    def check(item: tuple[dict, dict[int, str], Path]) -> tuple[Path, subprocess.CompletedProcess]:
+        kern, fmts, path = item
+        cmd = [str(CHECKER), "--role", kern["role"], "--werror"]
+        if kern["ct_args"]:
+            cmd += ["--ct-args", ",".join(map(str, kern["ct_args"]))]
+        if kern["role"] == "compute":
+            cmd += ["--cb-format", ",".join(f"{i}={f}" for i, f in sorted(fmts.items()))]
+            if kern["fp32_dest_acc"]:
+                cmd.append("--fp32-dest-acc")
+        return path, subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=300)
+
+    unique: dict[tuple, tuple[dict, dict[int, str], Path]] = {}
+    for kern, fmts, path in items:
+        key = (path.read_text(), tuple(kern["ct_args"]), kern["role"], kern["fp32_dest_acc"],
+               tuple(sorted(fmts.items())) if kern["role"] == "compute" else ())
+        unique.setdefault(key, (kern, fmts, path))
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        bad = [f"{p}:\n{r.stdout}{r.stderr}" for p, r in ex.map(check, unique.values())
+               if r.returncode != 0 or r.stdout.strip()]
+    assert not bad, "\n".join(bad)
 
 
 def main_cpp(man: dict) -> str:
