@@ -89,6 +89,7 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
     cuda_infos = infos if cuda_ops is None else [cpu.header_info(o) for o in cuda_ops]
     asc_infos = infos if ascendc_ops is None else [cpu.header_info(o) for o in ascendc_ops]
     return {
+        "include/opgen_types.h": render.render("include/opgen_types.h.j2"),
         "include/opgen.h": render.render("include/opgen.h.j2", ops=infos),
         "cpu/opgen_rt.h": render.render("cpu/opgen_rt.h.j2"),
         "cpu/opgen_rt.c": render.render("cpu/opgen_rt.c.j2", conversions=conv),

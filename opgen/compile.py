@@ -36,20 +36,67 @@ class CompileError(RuntimeError):
     """The C compiler rejected a generated file."""
 
 
+@functools.cache
+def tool_version(tool: str) -> str:
+    """``tool --version`` (part of an object's cache key where the compiler's path is not enough)."""
+    r = subprocess.run([tool, "--version"], capture_output=True, text=True)
+    return r.stdout.strip() or tool
+
+
+def object_cache() -> Path | None:
+    """``$OPGEN_OBJECT_CACHE``: a directory of compiled objects shared by every build that sets
+    it (unset or empty: none). Objects there are keyed by the preprocessed source, so libraries of
+    different ops still share their runtime's objects (and any op file they have in common). The
+    directory is never pruned: delete it at will."""
+    d = os.environ.get("OPGEN_OBJECT_CACHE", "").strip()
+    return Path(d) if d else None
+
+
+def _shared_object(tool: str, key_tool: str, flags: list[str], includes: list[str], src: Path) -> Path | None:
+    """Where ``src`` compiled with ``flags`` lives in :func:`object_cache`: keyed by its name, the
+    compiler's identity, the flags and its preprocessed text (``-E -P``: every header it includes,
+    no file paths), which is all the object depends on. None without a cache, for debug builds
+    (``-g`` objects name their source's path) and where preprocessing fails (the compile reports it)."""
+    cache = object_cache()
+    if cache is None or "-g" in flags:
+        return None
+    r = subprocess.run([tool, *flags, *includes, "-E", "-P", str(src)], capture_output=True)
+    if r.returncode != 0:
+        return None
+    key = hashlib.sha256(r.stdout + "\0".join([src.name, key_tool, tool_version(tool), *flags]).encode())
+    return cache / f"{src.stem}.{key.hexdigest()[:24]}.o"
+
+
+def _place(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` through a scratch name (readers never see half a file)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = scratch_name(dst)
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
 def compile_cached(tool: str, key_tool: str, flags: list[str], includes: list[str], src: Path, obj_dir: Path,
-                   headers: bytes) -> tuple[Path, bool]:
+                   headers: bytes, share: bool = False) -> tuple[Path, bool]:
     """Compile ``src`` to ``obj_dir/<stem>.<key>.o`` unless that object exists; the key hashes the
-    source, ``headers``, ``key_tool`` (the compiler's identity) and ``flags``. Returns (object,
-    freshly built); older objects of the same source are removed."""
+    source, ``headers``, ``key_tool`` (the compiler's identity) and ``flags``. With ``share`` (a
+    compiler that takes gcc's ``-E -P``), an object of the same preprocessed source in
+    :func:`object_cache` is copied instead of compiling, and a compiled one is stored there.
+    Returns (object, freshly built or copied); older objects of the same source are removed."""
     key = hashlib.sha256(src.read_bytes() + headers + " ".join([key_tool, *flags]).encode()).hexdigest()[:16]
     obj = obj_dir / f"{src.stem}.{key}.o"
     if obj.exists():
         return obj, False
+    shared = _shared_object(tool, key_tool, flags, includes, src) if share else None
     tmp = scratch_name(obj)
-    cmd = [tool, *flags, *includes, "-c", str(src), "-o", tmp]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
+    if shared is not None and shared.is_file():
+        shutil.copyfile(shared, tmp)
+    else:
+        cmd = [tool, *flags, *includes, "-c", str(src), "-o", tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
+        if shared is not None:
+            _place(Path(tmp), shared)
     for old in obj_dir.glob(f"{src.stem}.*.o"):
         old.unlink(missing_ok=True)  # (another build of this directory may have removed it first)
     os.replace(tmp, obj)
@@ -107,7 +154,7 @@ def _build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: bo
     headers = b"".join(p.read_bytes() for p in sorted([*src_dir.glob("*.h"), *include_dir.rglob("*.h")]))
 
     def one(src: Path) -> tuple[Path, bool]:
-        return compile_cached(cc, cc, flags, [f"-I{include_dir}", f"-I{src_dir}"], src, obj_dir, headers)
+        return compile_cached(cc, cc, flags, [f"-I{include_dir}", f"-I{src_dir}"], src, obj_dir, headers, share=True)
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
         results = list(ex.map(one, sources))
@@ -151,13 +198,6 @@ def nvcc() -> str | None:
     return str(default) if default.exists() else None
 
 
-@functools.cache
-def nvcc_version(tool: str) -> str:
-    """``nvcc --version`` (part of the object cache key: the path to nvcc is not)."""
-    r = subprocess.run([tool, "--version"], capture_output=True, text=True)
-    return r.stdout.strip() or tool
-
-
 def nvcc_jobs() -> int:
     return int(os.environ.get("OPGEN_NVCC_JOBS", "0")) or (os.cpu_count() or 2)
 
@@ -177,7 +217,7 @@ def compile_cuda_objects(src_dir: Path, include_dir: Path, obj_dir: Path, source
 
     def one(src: Path) -> tuple[Path, bool]:
         t0 = time.perf_counter()
-        obj, fresh = compile_cached(tool, nvcc_version(tool), flags, [f"-I{src_dir}", f"-I{include_dir}"], src,
+        obj, fresh = compile_cached(tool, tool_version(tool), flags, [f"-I{src_dir}", f"-I{include_dir}"], src,
                                     obj_dir, headers)
         if fresh and verbose:
             print(f"  [  nvcc] {src.name} ({time.perf_counter() - t0:.0f}s)", flush=True)

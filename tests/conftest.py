@@ -15,6 +15,10 @@ import pytest
 from opgen import registry
 from opgen.dsl.opdef import OpDef
 
+#: the libraries the tests build (dozens, of different ops) share one object cache
+#: (opgen.compile.object_cache): their runtime and facade files compile once, not once a library
+os.environ.setdefault("OPGEN_OBJECT_CACHE", str(registry.REPO_ROOT / "build" / "object-cache"))
+
 SEED_OPS = (
     "embedding_backward",
     "embedding_bw",

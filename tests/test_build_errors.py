@@ -167,6 +167,43 @@ def test_concurrent_compiles_of_one_object_all_succeed(tmp_path: Path) -> None:
     assert "T f399" in nm and "T f0" in nm
 
 
+def test_the_object_cache_shares_objects_of_one_preprocessed_source(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """$OPGEN_OBJECT_CACHE: a source whose preprocessed text, name, compiler and flags match an
+    object in the cache is not compiled but copied from it (libraries of different ops share their
+    runtime's objects); a different text, other flags, or a debug build (-g: objects name their
+    source's path) compile on their own; a compile error is still reported."""
+    from opgen.compile import CompileError, compile_cached, compiler
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("OPGEN_OBJECT_CACHE", str(cache))
+    cc = compiler()
+
+    def lib(name: str, header: str, flags: tuple[str, ...] = ("-O1",)) -> tuple[Path, bool]:
+        d = tmp_path / name
+        (d / "obj").mkdir(parents=True)
+        (d / "h.h").write_text(header)
+        (d / "rt.c").write_text('#include "h.h"\nint f(int x) { return x * K; }\n')
+        return compile_cached(cc, cc, list(flags), [f"-I{d}"], d / "rt.c", d / "obj", header.encode(), share=True)
+
+    first, fresh = lib("a", "#define K 3 /* library a */\n")
+    assert fresh and len(list(cache.iterdir())) == 1
+    (shared,) = cache.iterdir()
+    assert shared.read_bytes() == first.read_bytes()
+    shared.write_bytes(b"stand-in object")  # (what the next library gets is this file, not a compile)
+    # another library: its header differs (a comment, another op's declarations), its preprocessed text does not
+    second, fresh = lib("b", "#define K 3 /* library b, with other ops */\n")
+    assert fresh and second.read_bytes() == b"stand-in object"
+    third, _ = lib("c", "#define K 4\n")
+    fourth, _ = lib("d", "#define K 3 /* library d */\n", ("-O2",))
+    debug, _ = lib("e", "#define K 3 /* library e */\n", ("-O1", "-g"))
+    for obj in (third, fourth, debug):
+        assert obj.read_bytes().startswith(b"\x7fELF")
+    assert len(list(cache.iterdir())) == 3  # (a's, c's and d's; not the -g one)
+    with pytest.raises(CompileError, match="undeclared"):
+        lib("f", "#define K undeclared_name\n")
+
+
 def test_generated_files_are_read_back_only_while_the_stamp_holds(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A build's stamp holds while the compiler's and ops' sources have its digest and every file

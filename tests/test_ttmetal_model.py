@@ -387,6 +387,26 @@ def test_rules(host, tmp_path):
 
 
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
+def test_kernels_and_hosts_use_the_precompiled_standard_headers(tmp_path):
+    """build.precompiled's headers are valid for the flags kernels and host programs are compiled
+    with: g++ -H marks a precompiled header it uses with '!' (one it cannot use is parsed as text,
+    silently slower)."""
+    host_defines = [f'-D{name}=""' for name in ("OPGEN_TT_MODEL_DIR", "OPGEN_TT_CXX", "OPGEN_TT_KERNEL_CACHE",
+                                                "OPGEN_TT_MODEL_HASH", "OPGEN_TT_KERNEL_FLAGS", "OPGEN_TT_KERNEL_PCH")]
+    cases = (("model_std.h", model_build.KERNEL_FLAGS, "api/dataflow/dataflow_api.h",
+              ["-DKERNEL_COMPILE_TIME_ARGS=2,64"]),
+             ("host_std.h", model_build.FLAGS, "tt-metalium/host_api.hpp", host_defines))
+    for header, flags, includes, defines in cases:
+        pch = model_build.precompiled(header, flags)
+        assert pch, f"{header} did not precompile"
+        src = tmp_path / f"{header}.cpp"
+        src.write_text(f'#include "{includes}"\n')
+        r = subprocess.run([model_build.cxx(), *flags, *defines, "-include", pch, "-H", "-Winvalid-pch",
+                            f"-I{model_build.HERE}", "-fsyntax-only", str(src)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stderr.splitlines()[0] == f"! {pch}.gch", r.stderr[:2000]
+
+
 def test_kernels_pass_the_real_header_check(tmp_path):
     """The hand-written kernels compile clean against the real 0.81.1 headers (installs itself on first use)."""
     f32 = ("--fp32-dest-acc", "--default-format", "Float32", "--cb-format", "2=Float16_b")

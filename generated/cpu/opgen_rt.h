@@ -2,7 +2,7 @@
 #ifndef OPGEN_RT_H
 #define OPGEN_RT_H
 
-#include "opgen.h"
+#include "opgen_types.h"
 #include <math.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)

@@ -2,76 +2,11 @@
 #ifndef OPGEN_H
 #define OPGEN_H
 
-#include <stddef.h>
-#include <stdint.h>
-#include <stdbool.h>
+#include "opgen_types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#if defined(__GNUC__)
-#define OPGEN_API __attribute__((visibility("default")))
-#else
-#define OPGEN_API
-#endif
-
-/* Status codes of the plain ABI (vendor facades map them to their own). */
-typedef enum {
-    OPGEN_SUCCESS = 0, /* success */
-    OPGEN_ERR_NULL = 1, /* a required pointer is NULL */
-    OPGEN_ERR_PARAM = 2, /* a scalar parameter is invalid */
-    OPGEN_ERR_SHAPE = 3, /* tensor shapes disagree */
-    OPGEN_ERR_DTYPE = 4, /* unsupported dtype */
-    OPGEN_ERR_STRIDES = 5, /* unsupported strides */
-    OPGEN_ERR_INDEX = 6, /* an index is out of range */
-    OPGEN_ERR_WORKSPACE = 7, /* workspace too small */
-    OPGEN_ERR_ALLOC = 8, /* out of memory */
-    OPGEN_ERR_INTERNAL = 9, /* internal error */
-} opgen_status_t;
-
-/* Element types (values are opgen's own; facades translate vendor enums). */
-typedef enum {
-    OPGEN_BOOL = 0,
-    OPGEN_I8 = 1,
-    OPGEN_I16 = 2,
-    OPGEN_I32 = 3,
-    OPGEN_I64 = 4,
-    OPGEN_U8 = 5,
-    OPGEN_U16 = 6,
-    OPGEN_U32 = 7,
-    OPGEN_U64 = 8,
-    OPGEN_F16 = 9,
-    OPGEN_BF16 = 10,
-    OPGEN_F32 = 11,
-    OPGEN_F64 = 12,
-    OPGEN_DTYPE_COUNT = 13
-} opgen_dtype_t;
-
-/* A tensor argument: shape and strides in elements (strides NULL = contiguous row-major;
- * stride 0 allowed for broadcast inputs). A NULL opgen_tensor_t pointer = absent optional.
- * - data must be aligned to the element size (else OPGEN_ERR_PARAM); it may be NULL when the
- *   tensor is empty (a dim is 0), whose strides are then ignored.
- * - the element count and the extent of the strides (smallest to largest element offset, in
- *   bytes too) must fit int64 (else OPGEN_ERR_SHAPE / OPGEN_ERR_STRIDES).
- * - outputs: no two elements may share an address (a 0 stride, strides (1, 1), ...:
- *   OPGEN_ERR_STRIDES; proven by ordering the dims by |stride| and requiring each to step past
- *   the smaller ones' reach, which permuted, sliced, padded and flipped layouts pass), and no
- *   output may overlap another tensor unless the op lets it alias that input exactly
- *   (OPGEN_ERR_PARAM). Refused calls write nothing. */
-typedef struct {
-    void *data;
-    opgen_dtype_t dtype;
-    int32_t ndim;
-    const int64_t *shape;
-    const int64_t *strides;
-} opgen_tensor_t;
-
-/* Human-readable name of a status. */
-OPGEN_API const char *opgen_status_string(opgen_status_t status);
-/* Message describing the last failure on the calling thread ("" if none). */
-OPGEN_API const char *opgen_last_error(void);
-
 
 /* embedding_backward: ``dtable_k[i_k[n]] += alpha_k * dy[n]`` (duplicates summed); a table whose ``acc`` flag is
  *   dy: Tensor[T, N, D].contiguous_last()

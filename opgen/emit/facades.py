@@ -414,7 +414,8 @@ def _digest(files: dict[str, str]) -> str:
 
 #: per library: where its facade sources go (``dir``, ``ext``), the plain entry points they call
 #: (``plain``), the infiniop device its handles are, how a call's stream reaches the plain entry,
-#: its runtime header; for the aclnn facade: whether the library itself provides CANN's host side
+#: its runtime header (``rt``: no op in it) and the header declaring the plain entries (``api``: the
+#: per-op facades include it); for the aclnn facade: whether the library itself provides CANN's host side
 #: (``acl_host``: aclTensor, aclCreateTensor and the accessors, aclOpExecutor, the aclrt* shims,
 #: aclnnInit; the CPU library) or links against CANN's (the Ascend library, which reads aclTensors
 #: only through nnopbase's accessors), the prefix of its internal aclnn helpers (``aclnn``: distinct
@@ -422,11 +423,11 @@ def _digest(files: dict[str, str]) -> str:
 #: and the struct its executors start with (``executor``)
 LIBRARIES = {
     "cpu": {"dir": "cpu", "ext": "c", "plain": "opgen_", "device": "CPU", "stream": "", "rt": "opgen_rt.h",
-            "name": "opgen's CPU library", "acl_host": True, "aclnn": "opgen_aclnn_",
+            "api": "opgen.h", "name": "opgen's CPU library", "acl_host": True, "aclnn": "opgen_aclnn_",
             "executor": "aclOpExecutor"},
     "ascendc": {"dir": "ascendc", "ext": "cpp", "plain": "opgen_ascendc_", "device": "ASCEND", "stream": ", stream",
-                "rt": "opgen_ascendc_rt.h", "name": "opgen's Ascend library", "acl_host": False,
-                "aclnn": "opgen_ascendc_aclnn_", "executor": "opgen_ascendc_aclnn_executor"},
+                "rt": "opgen_ascendc_rt.h", "api": "opgen_ascendc.h", "name": "opgen's Ascend library",
+                "acl_host": False, "aclnn": "opgen_ascendc_aclnn_", "executor": "opgen_ascendc_aclnn_executor"},
 }
 
 

@@ -13,20 +13,7 @@
 #ifndef OPGEN_TTMETAL_MODEL_H
 #define OPGEN_TTMETAL_MODEL_H
 
-#include <sys/mman.h>
-
-#include <atomic>
-#include <cmath>
-#include <condition_variable>
-#include <cstdarg>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <mutex>
-#include <string>
-#include <vector>
+#include "model_std.h"
 
 namespace tt {
 /* tt::DataFormat (the subset the model computes with; values as in tt-metalium's tt_backend_api_types) */
@@ -391,7 +378,6 @@ extern "C" __attribute__((visibility("default"))) void opgen_tt_kernel_entry(ttm
 #endif
 
 /* compile-time args: -DKERNEL_COMPILE_TIME_ARGS=a,b,c (tt-metal's own mechanism, api/compile_time_args.h) */
-#include <array>
 #ifndef KERNEL_COMPILE_TIME_ARGS
 #define KERNEL_COMPILE_TIME_ARGS
 #endif

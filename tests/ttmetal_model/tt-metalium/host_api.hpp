@@ -6,25 +6,11 @@
 #ifndef OPGEN_TTMETAL_MODEL_HOST_API_HPP
 #define OPGEN_TTMETAL_MODEL_HOST_API_HPP
 
-#include <dlfcn.h>
-
-#include <cstdint>
-#include <fstream>
-#include <initializer_list>
-#include <map>
-#include <memory>
-#include <optional>
-#include <set>
-#include <sstream>
-#include <string>
-#include <thread>
-#include <utility>
-#include <vector>
-
+#include "host_std.h"
 #include "ttmetal_model.h"
 
-#ifndef OPGEN_TT_MODEL_DIR
-#error "build with tests/ttmetal_model/build.py (it defines OPGEN_TT_MODEL_DIR, OPGEN_TT_CXX, OPGEN_TT_KERNEL_CACHE)"
+#if !defined(OPGEN_TT_MODEL_DIR) || !defined(OPGEN_TT_KERNEL_FLAGS) || !defined(OPGEN_TT_KERNEL_PCH)
+#error "build with tests/ttmetal_model/build.py (it defines OPGEN_TT_MODEL_DIR, OPGEN_TT_CXX, OPGEN_TT_KERNEL_CACHE, OPGEN_TT_KERNEL_FLAGS, OPGEN_TT_KERNEL_PCH)"
 #endif
 
 struct CoreCoord {
@@ -196,9 +182,9 @@ inline std::string jit(const std::string &path, int role, const std::vector<uint
             }
         }
     }
-    std::string flags = "-std=c++20 -O1 -fPIC -shared -pthread -fvisibility=hidden -Wl,-Bsymbolic -ffp-contract=off "
-                        "-fno-strict-aliasing -Wall -Wno-unused-variable -Wno-unused-but-set-variable -DOPGEN_TT_KERNEL";
+    std::string flags = OPGEN_TT_KERNEL_FLAGS;
     std::string args = " -I" + quote(OPGEN_TT_MODEL_DIR) + " -I" + quote(path.substr(0, path.rfind('/') + 1) + ".");
+    if (*OPGEN_TT_KERNEL_PCH) args += " -include " + quote(OPGEN_TT_KERNEL_PCH); /* model_std.h, precompiled */
     std::string cta;
     for (std::size_t i = 0; i < ct.size(); i++) cta += (i ? "," : "") + std::to_string(ct[i]);
     args += " " + quote("-DKERNEL_COMPILE_TIME_ARGS=" + cta);
