@@ -3,9 +3,9 @@
  *
  * A launch runs its blocks one after another; each block runs OPGEN's 256 (blockDim) threads as
  * real std::threads, so barriers, block reductions, warp shuffles and races are real:
- *   __syncthreads()       a std::barrier over the block (a thread that returns drops out, as on
+ *   __syncthreads()       a barrier over the block (a thread that returns drops out, as on
  *                         Volta+ GPUs, where exited threads no longer count);
- *   __syncwarp()          a std::barrier over the warp;
+ *   __syncwarp()          a barrier over the warp (opgen_emu_barrier: std::barrier's semantics);
  *   __shfl_down_sync      an exchange through a per-warp slot array between two warp barriers;
  *   __shared__            static storage (one block at a time runs, so it is the block's);
  *   atomics               __atomic builtins; device memory is host memory;
@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -49,7 +51,45 @@ struct dim3 {
 };
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-using opgen_emu_barrier = std::barrier<>;
+/* A barrier over a block's (or a warp's) threads, with std::barrier's arrive_and_wait and
+ * arrive_and_drop and an optional completion run by the last thread to arrive, while the others
+ * wait. A waiting thread sleeps on a futex at once: std::barrier spins and yields first, and with a
+ * block's 256 threads on a core or two (one busy with another test, as in CI) the yields starved
+ * the threads it waited for: a launch of 6000 barrier phases took 2 s alone and 13 s beside one
+ * busy core with std::barrier, 4 s either way with this one (also 12 s when it yields 4 times first). */
+class opgen_emu_barrier {
+  public:
+    explicit opgen_emu_barrier(std::ptrdiff_t count, std::function<void()> completion = {})
+        : expected_(count), left_(count), completion_(std::move(completion)) {}
+    opgen_emu_barrier(const opgen_emu_barrier &) = delete;
+    opgen_emu_barrier &operator=(const opgen_emu_barrier &) = delete;
+
+    void arrive_and_wait() {
+        const uint32_t phase = phase_.load(std::memory_order_acquire);  // (cannot advance before we arrive)
+        if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            advance();
+            return;
+        }
+        while (phase_.load(std::memory_order_acquire) == phase)
+            syscall(SYS_futex, &phase_, FUTEX_WAIT_PRIVATE, phase, nullptr, nullptr, 0);
+    }
+    /* arrive, and leave the barrier's later phases (a thread that returned) */
+    void arrive_and_drop() {
+        expected_.fetch_sub(1, std::memory_order_relaxed);  // (ordered before the release below)
+        if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) advance();
+    }
+
+  private:
+    void advance() {
+        if (completion_) completion_();
+        left_.store(expected_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+        phase_.fetch_add(1, std::memory_order_release);
+        syscall(SYS_futex, &phase_, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+    }
+    std::atomic<std::ptrdiff_t> expected_, left_;
+    std::atomic<uint32_t> phase_{0};
+    std::function<void()> completion_;
+};
 inline thread_local opgen_emu_barrier *opgen_emu_block = nullptr;
 inline thread_local opgen_emu_barrier *opgen_emu_warp = nullptr;
 inline thread_local uint64_t *opgen_emu_slots = nullptr;
@@ -102,13 +142,13 @@ inline void opgen_emu_launch(unsigned int grid, unsigned int block, size_t shmem
     std::vector<uint64_t> slots((size_t)warps * 32);
     std::optional<opgen_emu_barrier> bar;
     std::vector<std::optional<opgen_emu_barrier>> wbar(warps);
-    auto fresh = [&]() noexcept {
+    auto fresh = [&] {
         memset(sm.get(), 0xA5, smem_bytes);
         bar.emplace((std::ptrdiff_t)block);
         for (unsigned int w = 0; w < warps; w++) wbar[w].emplace((std::ptrdiff_t)std::min(32u, block - 32 * w));
     };
     fresh();
-    std::barrier next((std::ptrdiff_t)block, fresh);
+    opgen_emu_barrier next((std::ptrdiff_t)block, fresh);
     std::vector<std::thread> ts;
     ts.reserve(block);
     for (unsigned int t = 0; t < block; t++)
