@@ -43,6 +43,15 @@ def tool_version(tool: str) -> str:
     return r.stdout.strip() or tool
 
 
+@functools.cache
+def native_target(tool: str) -> str:
+    """What ``-march=native`` means to ``tool`` on this machine (its resolved target options): part
+    of a shared object's key, so that a cache on a file system two machines share never hands an
+    object with one CPU's instructions to another CPU."""
+    r = subprocess.run([tool, "-march=native", "-Q", "--help=target"], capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else "unknown native target"
+
+
 def object_cache() -> Path | None:
     """``$OPGEN_OBJECT_CACHE``: a directory of compiled objects shared by every build that sets
     it (unset or empty: none). Objects there are keyed by the preprocessed source, so libraries of
@@ -54,16 +63,18 @@ def object_cache() -> Path | None:
 
 def _shared_object(tool: str, key_tool: str, flags: list[str], includes: list[str], src: Path) -> Path | None:
     """Where ``src`` compiled with ``flags`` lives in :func:`object_cache`: keyed by its name, the
-    compiler's identity, the flags and its preprocessed text (``-E -P``: every header it includes,
-    no file paths), which is all the object depends on. None without a cache, for debug builds
-    (``-g`` objects name their source's path) and where preprocessing fails (the compile reports it)."""
+    compiler's identity, the flags (with what ``-march=native`` means here) and its preprocessed
+    text (``-E -P``: every header it includes, no file paths), which is all the object depends on.
+    None without a cache, for debug builds (``-g`` objects name their source's path) and where
+    preprocessing fails (the compile reports it)."""
     cache = object_cache()
     if cache is None or "-g" in flags:
         return None
     r = subprocess.run([tool, *flags, *includes, "-E", "-P", str(src)], capture_output=True)
     if r.returncode != 0:
         return None
-    key = hashlib.sha256(r.stdout + "\0".join([src.name, key_tool, tool_version(tool), *flags]).encode())
+    native = native_target(tool) if "-march=native" in flags else ""
+    key = hashlib.sha256(r.stdout + "\0".join([src.name, key_tool, tool_version(tool), native, *flags]).encode())
     return cache / f"{src.stem}.{key.hexdigest()[:24]}.o"
 
 

@@ -171,8 +171,10 @@ def test_the_object_cache_shares_objects_of_one_preprocessed_source(tmp_path: Pa
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """$OPGEN_OBJECT_CACHE: a source whose preprocessed text, name, compiler and flags match an
     object in the cache is not compiled but copied from it (libraries of different ops share their
-    runtime's objects); a different text, other flags, or a debug build (-g: objects name their
-    source's path) compile on their own; a compile error is still reported."""
+    runtime's objects); a different text, other flags, another CPU under -march=native, or a debug
+    build (-g: objects name their source's path) compile on their own; a compile error is still
+    reported."""
+    from opgen import compile as compile_mod
     from opgen.compile import CompileError, compile_cached, compiler
 
     cache = tmp_path / "cache"
@@ -202,6 +204,16 @@ def test_the_object_cache_shares_objects_of_one_preprocessed_source(tmp_path: Pa
     assert len(list(cache.iterdir())) == 3  # (a's, c's and d's; not the -g one)
     with pytest.raises(CompileError, match="undeclared"):
         lib("f", "#define K undeclared_name\n")
+    # -march=native: what it means on this machine is part of the key (a cache two CPUs share)
+    before = set(cache.iterdir())
+    lib("g", "#define K 3 /* library g */\n", ("-O1", "-march=native"))
+    (entry,) = set(cache.iterdir()) - before
+    entry.write_bytes(b"stand-in object")
+    again, _ = lib("h", "#define K 3 /* library h */\n", ("-O1", "-march=native"))
+    assert again.read_bytes() == b"stand-in object"
+    monkeypatch.setattr(compile_mod, "native_target", lambda tool: "another CPU")
+    other, _ = lib("i", "#define K 3 /* library i */\n", ("-O1", "-march=native"))
+    assert other.read_bytes().startswith(b"\x7fELF")
 
 
 def test_generated_files_are_read_back_only_while_the_stamp_holds(tmp_path: Path,
