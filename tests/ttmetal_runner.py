@@ -152,8 +152,9 @@ def check_headers(ops: Iterable[str], out_dir: Path) -> None:
     for kern, fmts, path in items:
         config = (kern["role"], tuple(kern["ct_args"]), kern["fp32_dest_acc"],
                   tuple(sorted(fmts.items())) if kern["role"] == "compute" else ())
-        if (path.read_text(), config) not in seen:
-            seen.add((path.read_text(), config))
+        key = (path.read_text(), config)
+        if key not in seen:
+            seen.add(key)
             groups.setdefault(config, []).append(path)
     runs = [(config, paths[i:i + 8]) for config, paths in groups.items() for i in range(0, len(paths), 8)]
 

@@ -69,7 +69,10 @@ def precompiled(header: str, flags: Iterable[str]) -> str:
     if not gch.is_file():
         d.mkdir(parents=True, exist_ok=True)
         for name in ("model_std.h", "host_std.h"):  # (host_std.h includes model_std.h beside it)
-            _write(d / name, (HERE / name).read_text())
+            if not (d / name).is_file():  # (renamed into place: another worker may be compiling it)
+                part = d / f"{name}.tmp{os.getpid()}"
+                part.write_text((HERE / name).read_text())
+                os.replace(part, d / name)
         tmp = d / f"{header}.gch.tmp{os.getpid()}"
         r = subprocess.run([str(tool), *flags, "-x", "c++-header", str(copy), "-o", str(tmp)],
                            capture_output=True, text=True)
