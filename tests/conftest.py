@@ -33,8 +33,8 @@ SEED_OPS = (
 #: --no-loadscope-reorder``, pyproject.toml) hands each worker one file at a time in this order, so
 #: the workers finish together instead of one running a long file alone at the end (its default
 #: order, by number of tests, left these few-test files last). Cold (an empty build/), CI's
-#: 2-core machine: test_ttmetal.py 10 minutes of one worker, test_cuda_emulated.py 5,
-#: test_new_op_backends.py 4.5, test_dim_names.py 1.7, the others at most about one each.
+#: 2-core machine: test_ttmetal.py 8.3 minutes of one worker, test_cuda_emulated.py 4.4,
+#: test_new_op_backends.py 4, test_dim_names.py 1.9, the others at most about 1.5 each.
 LONGEST_FIRST = ("test_ttmetal.py", "test_new_op_backends.py", "test_cuda_emulated.py", "test_cli.py",
                  "test_mlir.py", "test_ascendc.py", "test_dim_names.py", "test_interleave.py", "test_ir.py",
                  "test_fuzz_abi.py", "test_gemm.py", "test_jam_rows.py", "test_shapes_dsl.py")
