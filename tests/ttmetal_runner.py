@@ -147,16 +147,13 @@ def check_headers(ops: Iterable[str], out_dir: Path) -> None:
     # one tt-kernel-check run per configuration (role, CT args, CB formats, fp32 DEST) checks up to
     # 8 kernels (each on its own, as the tool does): the tool's start-up and installation check are
     # paid per run, not per kernel
-    groups: dict[tuple, list[Path]] = {}
-    seen: set[tuple] = set()
+    groups: dict[tuple, dict[str, Path]] = {}  # configuration -> kernel text -> its first file
     for kern, fmts, path in items:
         config = (kern["role"], tuple(kern["ct_args"]), kern["fp32_dest_acc"],
                   tuple(sorted(fmts.items())) if kern["role"] == "compute" else ())
-        key = (path.read_text(), config)
-        if key not in seen:
-            seen.add(key)
-            groups.setdefault(config, []).append(path)
-    runs = [(config, paths[i:i + 8]) for config, paths in groups.items() for i in range(0, len(paths), 8)]
+        groups.setdefault(config, {}).setdefault(path.read_text(), path)
+    runs = [(config, list(files.values())[i:i + 8]) for config, files in groups.items()
+            for i in range(0, len(files), 8)]
 
     def check(run: tuple[tuple, list[Path]]) -> tuple[list[Path], subprocess.CompletedProcess]:
         (role, ct_args, fp32_dest_acc, fmts), paths = run
