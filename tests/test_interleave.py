@@ -6,7 +6,9 @@ body printed statement by statement in turn (opgen/emit/c_family.py, ``stream_lo
 written only in the tests (GELU exact and tanh, SiLU, softmax backward): which loops
 interleave, the C of two, results against a float64 numpy reference and bitwise against the
 same ops built without interleaving (row lengths around the step of 64, unit-stride and strided
-rows), and the library under ASan/UBSan.
+rows), and the library under ASan/UBSan. bf16 rows run as pairs (:func:`opgen.lower.cpu_map.paired`):
+the C of softmax backward's instances, and its bits against numpy's f32 model of the documented
+lane order.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def test_the_strips_run_interleaved_copies(built):
     """The C of GELU-tanh backward's unit-stride f32 instance: a step of 64 elements, each of the
     four lines prefetched in both rows it reads, the copies' loads and tanh calls side by side,
     and four strip stores (a line each, so each may stream). SiLU backward's bf16 instance: a
-    step of 64 too, two strips of 32 the same way (GELU-tanh's bf16 tanh is a table lookup)."""
+    step of 64 too, two strips of 32 the same way (GELU-tanh's bf16 tanh is a table lookup; a
+    slow body does not run as pairs: cpu_map.pair_loads)."""
     text = (built["out"] / "cpu" / "gelu_tanh_backward.c").read_text()  # (as built: `single` patches COPIES)
     f32 = text[text.index("k_gelu_tanh_backward_f32_u("):]
     f32 = f32[:f32.index("return OPGEN_SUCCESS")]
@@ -187,3 +190,94 @@ def test_f16_rows_are_widened_a_strip_at_a_time(built, rng):
         unit = np.asarray(runtime.call("silu_backward", lib=built["lib"], grad=np.ascontiguousarray(g[:, ::2]),
                                        x=np.ascontiguousarray(x[:, ::2]))["dx"])
         assert np.array_equal(unit.view(np.uint16), strided.view(np.uint16)), d
+
+
+# ----------------------------------------------------------------------------- pairs (bf16)
+
+
+def _loops(built: dict, name: str) -> list[s.ForOp]:
+    m = built["ops"][name].module()
+    pipeline.run(m, "cpu")
+    return [o for o in m.walk() if isinstance(o, s.ForOp)]
+
+
+def _bodies(built: dict, name: str) -> dict[str, str]:
+    """The C of ``name``'s kernel instances by flavour (``bf16_u``: bf16, unit-stride rows)."""
+    text = (built["out"] / "cpu" / f"{name}.c").read_text()
+    return {f.split("(")[0]: f.split("return OPGEN_SUCCESS")[0]
+            for f in text.split(f"static opgen_status_t k_{name}_")[1:]}
+
+
+def test_bf16_rows_run_as_pairs(built):
+    """map-cpu marks softmax backward's row sum (a lanes loop) and its second pass (a stream
+    loop) ``pairs``, and their loads of the rows ``pair``; the bf16 instance of unit stride
+    widens each pair's word by a shift and a mask (``opgen_bf16_first``/``_second``), sums the
+    firsts in lanes 0-15 and the seconds in lanes 16-31, and rounds a strip as two vectors
+    (``opgen_bf16_store_strip_pairs``). The strided bf16 instance splits its lanes the same way
+    but loads element by element; the f32 and f16 instances do not run as pairs, nor do slow
+    bodies (SiLU, GELU: :func:`~opgen.lower.cpu_map.pair_loads`)."""
+    loops = [o for o in _loops(built, "softmax_backward") if cpu_map.PAIRS in o.attributes]
+    assert {cpu_map.cpu_mapping(o) for o in loops} == {s.CpuMapping.LANES, s.CpuMapping.STREAM}
+    for o in loops:
+        assert {ld.buf for ld in o.body.block.ops if isinstance(ld, s.LoadOp) and cpu_map.PAIR in ld.attributes}
+    f = _bodies(built, "softmax_backward")
+    assert f["bf16_u"].count("opgen_bf16_first(&p_grad[") >= 2 and f["bf16_u"].count("opgen_bf16_second(&p_y[") >= 2
+    assert "opgen_bf16_store_strip_pairs(&p_dx[" in f["bf16_u"] and "opgen_bf16_store_strip(&p_dx[" not in f["bf16_u"]
+    assert re.search(r"lane\d+\[l \+ 16\] \+= ", f["bf16_u"]) and re.search(r"lane\d+\[l \+ 16\] \+= ", f["bf16_g"])
+    assert "opgen_bf16_first(" not in f["bf16_g"]
+    for flavour in ("f32_u", "f32_g", "f16_u", "f16_g"):
+        assert "opgen_bf16_first(" not in f[flavour] and "[l + 8] += " not in f[flavour] \
+            and "_pairs(" not in f[flavour], flavour
+    for name in ("gelu_backward", "gelu_tanh_backward", "silu_backward"):
+        assert not [o for o in _loops(built, name) if cpu_map.PAIRS in o.attributes], name
+        bf16 = _bodies(built, name)["bf16_u"]
+        assert "_pairs(" not in bf16 and "opgen_bf16_first(" not in bf16
+
+
+def _softmax_pairs(g: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Softmax backward of bf16 rows in f32 with the row sum in the order cpu_map.paired
+    documents: 32 lanes, strip ``k`` (elements ``32 k ... 32 k + 31``) adding element
+    ``32 k + 2 j`` to lane ``j`` and ``32 k + 2 j + 1`` to lane ``16 + j``, the tail's element
+    ``32 K + l`` to lane ``l``; lanes combined pairwise (16, 8, 4, 2, 1); each step rounded to f32
+    (numpy's float32 arithmetic), the result rounded to bf16."""
+    out = np.empty(g.shape, ml_dtypes.bfloat16)
+    for r in range(g.shape[0]):
+        p = g[r].astype(np.float32) * y[r].astype(np.float32)
+        lanes = np.zeros(32, np.float32)
+        whole = len(p) // 32 * 32
+        for k in range(0, whole, 32):
+            lanes[:16] += p[k:k + 32:2]
+            lanes[16:] += p[k + 1:k + 32:2]
+        lanes[:len(p) - whole] += p[whole:]
+        w = 16
+        while w:
+            lanes[:w] += lanes[w:2 * w]
+            w //= 2
+        out[r] = (y[r].astype(np.float32) * (g[r].astype(np.float32) - lanes[0])).astype(ml_dtypes.bfloat16)
+    return out
+
+
+@pytest.mark.parametrize("d", [1, 2, 31, 32, 33, 63, 64, 65, 100, 130, 4096])
+def test_pairs_sum_in_their_documented_order_for_any_layout(built, rng, d):
+    """Softmax backward bf16 (a row sum in pairs, then a second pass in pairs): bitwise the f32
+    evaluation in the documented lane order (:func:`_softmax_pairs`, numpy), for unit-stride rows,
+    strided rows (the general flavour: element by element, the same lanes) and rows off a line.
+    Where a row has a whole strip, its elements 0, 1 and 16 are 2^24, 1 and -2^24 (y 1): lanes 0,
+    16 and 8 in the pair layout, so the combination's first step gives 2^24 + 1 = 2^24 in f32
+    and the 1 is lost (in the elements' order, lanes 0, 1 and 16, 2^24 and -2^24 would cancel
+    first and the 1 stay: other bits for every output of the row; numpy's model of that order
+    differs in 93 of the 99 outputs at d = 33)."""
+    g = rng.standard_normal((3, 2 * d)).astype(ml_dtypes.bfloat16)
+    y = rng.random((3, 2 * d)).astype(ml_dtypes.bfloat16)
+    if d >= 32:
+        g[:, 0], g[:, 2], g[:, 32] = 2.0**24, 1.0, -(2.0**24)  # (elements 0, 1 and 16 of the strided rows)
+        y[:, :64] = 1.0
+    want = _softmax_pairs(g[:, ::2], y[:, ::2])
+    unit = np.asarray(runtime.call("softmax_backward", lib=built["lib"], grad=np.ascontiguousarray(g[:, ::2]),
+                                   y=np.ascontiguousarray(y[:, ::2]))["dx"])
+    strided = np.asarray(runtime.call("softmax_backward", lib=built["lib"], grad=g[:, ::2], y=y[:, ::2])["dx"])
+    off = np.zeros(3 * d + 5, ml_dtypes.bfloat16)[5:].reshape(3, d)
+    runtime.call("softmax_backward", lib=built["lib"], grad=np.ascontiguousarray(g[:, ::2]),
+                 y=np.ascontiguousarray(y[:, ::2]), dx=off)
+    for got in (unit, strided, off):
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -859,7 +859,8 @@ def test_lane_reductions_run_in_full_width_vectors(built, tmp_path):
     """A row sum split into lanes (map-cpu's ``lanes``) has 16 lanes in f32 and 32 where it reads
     bf16, and the C compiler runs each such loop in 64-byte vectors: with 16 lanes of bf16 it
     chose 32-byte vectors for the f32 arithmetic too (half the width). LayerNorm backward, the
-    kernels that run vectorised (not the O1 fallbacks for any strides)."""
+    kernels that run vectorised (not the O1 fallbacks for any strides); bf16's 32 lanes run as
+    16 pairs (cpu_map.paired), a vector of firsts and one of seconds."""
     import re
 
     from opgen.compile import CFLAGS
@@ -876,8 +877,14 @@ def test_lane_reductions_run_in_full_width_vectors(built, tmp_path):
                          line):
             o1, inst = bool(m.group(1)), m.group(2)
         m = re.fullmatch(r"\s*for \(int l = 0; l < (\d+); l\+\+\) \{", line)
-        if m and not o1 and re.fullmatch(r"\s*const int64_t i\d+ = r\d+ \+ l;", lines[n]):  # (a lanes loop)
+        if not m or o1:
+            continue
+        if re.fullmatch(r"\s*const int64_t i\d+ = r\d+ \+ l;", lines[n]):  # (a lanes loop)
             loops[n] = (inst, int(m.group(1)))
+        elif re.fullmatch(r"\s*const int64_t i\d+ = r\d+ \+ 2 \* l; \(void\)i\d+;", lines[n]):
+            end = lines.index(line[:len(line) - len(line.lstrip())] + "}", n)
+            if any(re.search(r"lane\d+\[l \+ 16\] \+= ", x) for x in lines[n:end]):  # (a bf16 one in pairs)
+                loops[n] = (inst, 2 * int(m.group(1)))
     assert sorted(set(loops.values())) == [("bf16", 32), ("f32", 16)]
     inc = [f"-I{built['out'] / 'include'}", f"-I{built['out'] / 'cpu'}"]
     r = subprocess.run([cc.compiler(), *[f for f in CFLAGS if f != "-fPIC"], *inc, "-c", str(src), "-o", os.devnull,

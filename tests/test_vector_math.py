@@ -105,7 +105,9 @@ def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path, name: str, e
     nontemporal stores), and nothing between a strided strip's elements: every 997th f32 bit
     pattern plus every exponent, sign and NaN payload with the rounding ties
     (tests/c/bf16_strip_check.c; OPGEN_ULP_STRIDE=1: all 2^32, checked once: no mismatch), for
-    every vector path this machine runs."""
+    every vector path this machine runs; opgen_bf16_store_strip_pairs (a ``pairs`` strip's
+    firsts then seconds) the same bits, and opgen_bf16_first/second those of opgen_bf16_to_f32
+    for every bf16 pattern."""
     checked, bad, first, vector_path = _run_check("bf16_strip_check", tmp_path, name, extra,
                                                   (os.environ.get("OPGEN_ULP_STRIDE", "997"),), timeout=900)
     assert int(checked) > 2**32 // 997

@@ -438,6 +438,82 @@ static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float
     (void)nt;
     for (int l = 0; l < n; l++) dst[l * st] = opgen_f32_to_bf16(src[l]);
 }
+/* Sixteen-bit pairs (map-cpu's `pairs` loops: a strip's first and second elements of each pair
+ * as two vectors of their own). A bf16 element is the high half of an f32, so the 32-bit word
+ * holding a pair widens to its two f32 values by one shift (the first) and one mask (the second):
+ * two instructions per 32 elements, the load folded in, where widening them in order takes a
+ * load, an extract, two vpmovzxwd and two shifts (a bf16 dot product 0.080 -> 0.039 ns an
+ * element in cache, one thread: docs/backend_cpu.md, `pairs`). opgen_bf16_first(p): the element
+ * at p, the first of its pair; opgen_bf16_second(p): the element at p, the second of its pair
+ * (the word starts at p - 1). Exact: the bits of opgen_bf16_to_f32. */
+static inline float opgen_bf16_first(const uint16_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    u &= 0xffff0000u;
+#else
+    u <<= 16;
+#endif
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float opgen_bf16_second(const uint16_t *p) {
+    uint32_t u;
+    memcpy(&u, p - 1, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    u <<= 16;
+#else
+    u &= 0xffff0000u;
+#endif
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* opgen_bf16_store_strip of a `pairs` strip: src holds the n/2 first elements of the strip's
+ * pairs, then the n/2 second ones (n even); dst, st, nt and the bits as opgen_bf16_store_strip.
+ * With AVX512-BF16 a contiguous strip of 32 takes one vcvtne2ps2bf16 (the same denormal fix)
+ * and one vpermw that interleaves the halves. */
+static inline void opgen_bf16_store_strip_pairs(uint16_t *dst, int64_t st, const float *src, int n, int nt) {
+#if defined(__AVX512BF16__)
+    if (st == 1 && n == 32) {
+        const __m512i one = _mm512_set1_epi32(0x00800000);
+        __m512i lo = _mm512_load_si512((const void *)src), hi = _mm512_load_si512((const void *)(src + 16));
+        const __mmask16 dlo = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(lo), 0x20); /* 0x20: denormal */
+        const __mmask16 dhi = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(hi), 0x20);
+        __m512i r;
+        if (__builtin_expect(_kortestz_mask16_u8(dlo, dhi), 1)) {
+            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
+        } else {
+            lo = _mm512_mask_add_epi32(lo, dlo, lo, one);
+            hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
+            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
+            r = _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
+        }
+        /* word 2j <- word j (a first), word 2j + 1 <- word 16 + j (a second) */
+        r = _mm512_permutexvar_epi16(_mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                      23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0), r);
+        if (nt && !((uintptr_t)dst & 63))
+            _mm512_stream_si512((void *)dst, r);
+        else
+            _mm512_storeu_si512((void *)dst, r);
+        return;
+    }
+#endif
+    _Alignas(64) float v[64];
+    if (n <= 64) {
+        for (int j = 0; j < n / 2; j++) {
+            v[2 * j] = src[j];
+            v[2 * j + 1] = src[n / 2 + j];
+        }
+        opgen_bf16_store_strip(dst, st, v, n, nt);
+        return;
+    }
+    for (int j = 0; j < n / 2; j++) {
+        dst[2 * j * st] = opgen_f32_to_bf16(src[j]);
+        dst[(2 * j + 1) * st] = opgen_f32_to_bf16(src[n / 2 + j]);
+    }
+}
 /* n f32 values (src, 64-byte aligned) to dst, element stride st: map-cpu's `nontemporal` stores
  * of an f32 buffer. With nt (opgen_nt) a contiguous strip of 16 on one aligned 64-byte line goes
  * around the caches (a streaming store): a line written whole is not read first, so an output

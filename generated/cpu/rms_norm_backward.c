@@ -2321,7 +2321,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l374_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -2370,49 +2370,68 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
                 for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
                 int64_t r39 = v1;
                 for (; r39 + 32 <= d_D; r39 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i34 = r39 + l;
-                        const float v40 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v41 = v40 * v40;
-                        lane35[l] += v41;
-                        const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
-                        const float v43 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
-                        const float v44 = v42 * v43;
-                        const float v45 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v46 = v44 * v45;
-                        lane36[l] += v46;
-                        const float v47 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v48 = v47 * v47;
-                        lane37[l] += v48;
-                        const float v49 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
-                        const float v50 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
-                        const float v51 = v49 * v50;
-                        const float v52 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v53 = v51 * v52;
-                        lane38[l] += v53;
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i34 = r39 + 2 * l; (void)i34;
+                        const int64_t i40 = r39 + 2 * l + 1; (void)i40;
+                        const float v41 = opgen_bf16_first(&p_x[ro_x[v23] + i34]);
+                        const float v42 = opgen_bf16_second(&p_x[ro_x[v23] + i40]);
+                        const float v43 = v41 * v41;
+                        const float v44 = v42 * v42;
+                        lane35[l] += v43;
+                        lane35[l + 16] += v44;
+                        const float v45 = opgen_bf16_first(&p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v46 = opgen_bf16_second(&p_grad_y[ro_grad_y[v23] + i40]);
+                        const float v47 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v48 = opgen_bf16_to_f32(p_w[i40 * st_w_0]);
+                        const float v49 = v45 * v47;
+                        const float v50 = v46 * v48;
+                        const float v51 = opgen_bf16_first(&p_x[ro_x[v23] + i34]);
+                        const float v52 = opgen_bf16_second(&p_x[ro_x[v23] + i40]);
+                        const float v53 = v49 * v51;
+                        const float v54 = v50 * v52;
+                        lane36[l] += v53;
+                        lane36[l + 16] += v54;
+                        const float v55 = opgen_bf16_first(&p_x[ro_x[v29] + i34]);
+                        const float v56 = opgen_bf16_second(&p_x[ro_x[v29] + i40]);
+                        const float v57 = v55 * v55;
+                        const float v58 = v56 * v56;
+                        lane37[l] += v57;
+                        lane37[l + 16] += v58;
+                        const float v59 = opgen_bf16_first(&p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v60 = opgen_bf16_second(&p_grad_y[ro_grad_y[v29] + i40]);
+                        const float v61 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v62 = opgen_bf16_to_f32(p_w[i40 * st_w_0]);
+                        const float v63 = v59 * v61;
+                        const float v64 = v60 * v62;
+                        const float v65 = opgen_bf16_first(&p_x[ro_x[v29] + i34]);
+                        const float v66 = opgen_bf16_second(&p_x[ro_x[v29] + i40]);
+                        const float v67 = v63 * v65;
+                        const float v68 = v64 * v66;
+                        lane38[l] += v67;
+                        lane38[l + 16] += v68;
                     }
                 }
                 for (int l = 0; r39 + l < d_D; l++) {
                     {
                         const int64_t i34 = r39 + l;
-                        const float v54 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v55 = v54 * v54;
-                        lane35[l] += v55;
-                        const float v56 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
-                        const float v57 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
-                        const float v58 = v56 * v57;
-                        const float v59 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v60 = v58 * v59;
-                        lane36[l] += v60;
-                        const float v61 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v62 = v61 * v61;
-                        lane37[l] += v62;
-                        const float v63 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
-                        const float v64 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
-                        const float v65 = v63 * v64;
-                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v67 = v65 * v66;
-                        lane38[l] += v67;
+                        const float v69 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v70 = v69 * v69;
+                        lane35[l] += v70;
+                        const float v71 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v72 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v73 = v71 * v72;
+                        const float v74 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v75 = v73 * v74;
+                        lane36[l] += v75;
+                        const float v76 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v77 = v76 * v76;
+                        lane37[l] += v77;
+                        const float v78 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v79 = opgen_bf16_to_f32(p_w[i34 * st_w_0]);
+                        const float v80 = v78 * v79;
+                        const float v81 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v82 = v80 * v81;
+                        lane38[l] += v82;
                     }
                 }
                 for (int l = 0; l < 16; l++) lane35[l] += lane35[l + 16];
@@ -2440,394 +2459,466 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
                 for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
                 l33 = lane38[0];
             }
-            const float v68 = l25;
-            l24 = v68;
-            const float v69 = l27;
-            l26 = v69;
-            const float v70 = l31;
-            l30 = v70;
-            const float v71 = l33;
-            l32 = v71;
-            const int64_t v72 = 1ll;
-            const int64_t v73 = 0ll;
-            const int64_t v74 = i21 + v72;
-            const int64_t v75 = v74 * v14;
-            const int64_t v76 = v11 + v75;
-            const int64_t v77 = d_N - v72;
-            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
-            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
-            const int64_t v80 = v76 + v28;
-            const int64_t v81 = d_N - v72;
-            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
-            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
+            const float v83 = l25;
+            l24 = v83;
+            const float v84 = l27;
+            l26 = v84;
+            const float v85 = l31;
+            l30 = v85;
+            const float v86 = l33;
+            l32 = v86;
+            const int64_t v87 = 1ll;
+            const int64_t v88 = 0ll;
+            const int64_t v89 = i21 + v87;
+            const int64_t v90 = v89 * v14;
+            const int64_t v91 = v11 + v90;
+            const int64_t v92 = d_N - v87;
+            const int64_t v93 = ((v91 < v92 || v91 != v91) ? v91 : v92);
+            const int64_t v94 = ((v93 > v88 || v93 != v93) ? v93 : v88);
+            const int64_t v95 = v91 + v28;
+            const int64_t v96 = d_N - v87;
+            const int64_t v97 = ((v95 < v96 || v95 != v95) ? v95 : v96);
+            const int64_t v98 = ((v97 > v88 || v97 != v97) ? v97 : v88);
             {
-                int64_t r85 = v1;
-                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
-                for (int64_t i84 = r85; i84 < e86; i84++) {
-                    const float v87 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
-                    const float v88 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
-                    const float v89 = v87 * v88;
-                    const float v90 = l24;
-                    const float v91 = v90 / v7;
-                    const float v92 = v91 + v8;
-                    const float v93 = 1.0f / sqrtf(v92);
-                    const float v94 = v89 * v93;
-                    l10[i84] += v94;
-                    const float v95 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
-                    const float v96 = v87 * v95;
-                    const float v97 = v96 * v93;
-                    const float v98 = l26;
-                    const float v99 = v98 / v7;
-                    const float v100 = v99 * v93;
-                    const float v101 = v100 * v93;
-                    const float v102 = v101 * v93;
-                    const float v103 = v88 * v102;
-                    const float v104 = v97 - v103;
-                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v104);
-                    const float v105 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
-                    const float v106 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
-                    const float v107 = v105 * v106;
-                    const float v108 = l30;
-                    const float v109 = v108 / v7;
-                    const float v110 = v109 + v8;
-                    const float v111 = 1.0f / sqrtf(v110);
-                    const float v112 = v107 * v111;
-                    l10[i84] += v112;
-                    const float v113 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
-                    const float v114 = v105 * v113;
-                    const float v115 = v114 * v111;
-                    const float v116 = l32;
-                    const float v117 = v116 / v7;
-                    const float v118 = v117 * v111;
-                    const float v119 = v118 * v111;
-                    const float v120 = v119 * v111;
-                    const float v121 = v106 * v120;
-                    const float v122 = v115 - v121;
-                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v122);
+                int64_t r100 = v1;
+                int64_t e101 = r100 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r100] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e101 > d_D) e101 = d_D > r100 ? d_D : r100;
+                for (int64_t i99 = r100; i99 < e101; i99++) {
+                    const float v102 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i99]);
+                    const float v103 = opgen_bf16_to_f32(p_x[ro_x[v23] + i99]);
+                    const float v104 = v102 * v103;
+                    const float v105 = l24;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i99] += v109;
+                    const float v110 = opgen_bf16_to_f32(p_w[i99 * st_w_0]);
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l26;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v23] + i99] = opgen_f32_to_bf16(v119);
+                    const float v120 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i99]);
+                    const float v121 = opgen_bf16_to_f32(p_x[ro_x[v29] + i99]);
+                    const float v122 = v120 * v121;
+                    const float v123 = l30;
+                    const float v124 = v123 / v7;
+                    const float v125 = v124 + v8;
+                    const float v126 = 1.0f / sqrtf(v125);
+                    const float v127 = v122 * v126;
+                    l10[i99] += v127;
+                    const float v128 = opgen_bf16_to_f32(p_w[i99 * st_w_0]);
+                    const float v129 = v120 * v128;
+                    const float v130 = v129 * v126;
+                    const float v131 = l32;
+                    const float v132 = v131 / v7;
+                    const float v133 = v132 * v126;
+                    const float v134 = v133 * v126;
+                    const float v135 = v134 * v126;
+                    const float v136 = v121 * v135;
+                    const float v137 = v130 - v136;
+                    p_grad_x[ro_grad_x[v29] + i99] = opgen_f32_to_bf16(v137);
                 }
-                r85 = e86;
-                for (; r85 + 32 <= d_D; r85 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
-                    _Alignas(64) float stg123[32];
-                    _Alignas(64) float stg124[32];
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i84 = r85 + l; (void)i84;
-                        const float v125 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
-                        const float v126 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
-                        const float v127 = v125 * v126;
-                        const float v128 = l24;
-                        const float v129 = v128 / v7;
-                        const float v130 = v129 + v8;
-                        const float v131 = 1.0f / sqrtf(v130);
-                        const float v132 = v127 * v131;
-                        l10[i84] += v132;
-                        const float v133 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
-                        const float v134 = v125 * v133;
-                        const float v135 = v134 * v131;
-                        const float v136 = l26;
-                        const float v137 = v136 / v7;
-                        const float v138 = v137 * v131;
-                        const float v139 = v138 * v131;
-                        const float v140 = v139 * v131;
-                        const float v141 = v126 * v140;
-                        const float v142 = v135 - v141;
-                        stg123[l] = v142;
-                        const float v143 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
-                        const float v144 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
-                        const float v145 = v143 * v144;
-                        const float v146 = l30;
-                        const float v147 = v146 / v7;
-                        const float v148 = v147 + v8;
-                        const float v149 = 1.0f / sqrtf(v148);
-                        const float v150 = v145 * v149;
-                        l10[i84] += v150;
-                        const float v151 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
-                        const float v152 = v143 * v151;
-                        const float v153 = v152 * v149;
-                        const float v154 = l32;
-                        const float v155 = v154 / v7;
-                        const float v156 = v155 * v149;
-                        const float v157 = v156 * v149;
-                        const float v158 = v157 * v149;
-                        const float v159 = v144 * v158;
-                        const float v160 = v153 - v159;
-                        stg124[l] = v160;
+                r100 = e101;
+                for (; r100 + 32 <= d_D; r100 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r100, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r100, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v94] + r100, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v94] + r100, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v98] + r100, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v98] + r100, 0);
+                    _Alignas(64) float stg138[32];
+                    _Alignas(64) float stg139[32];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i99 = r100 + 2 * l; (void)i99;
+                        const int64_t i140 = r100 + 2 * l + 1; (void)i140;
+                        const float v141 = opgen_bf16_first(&p_grad_y[ro_grad_y[v23] + i99]);
+                        const float v142 = opgen_bf16_second(&p_grad_y[ro_grad_y[v23] + i140]);
+                        const float v143 = opgen_bf16_first(&p_x[ro_x[v23] + i99]);
+                        const float v144 = opgen_bf16_second(&p_x[ro_x[v23] + i140]);
+                        const float v145 = v141 * v143;
+                        const float v146 = v142 * v144;
+                        const float v147 = l24;
+                        const float v148 = l24;
+                        const float v149 = v147 / v7;
+                        const float v150 = v148 / v7;
+                        const float v151 = v149 + v8;
+                        const float v152 = v150 + v8;
+                        const float v153 = 1.0f / sqrtf(v151);
+                        const float v154 = 1.0f / sqrtf(v152);
+                        const float v155 = v145 * v153;
+                        const float v156 = v146 * v154;
+                        l10[i99] += v155;
+                        l10[i140] += v156;
+                        const float v157 = opgen_bf16_to_f32(p_w[i99 * st_w_0]);
+                        const float v158 = opgen_bf16_to_f32(p_w[i140 * st_w_0]);
+                        const float v159 = v141 * v157;
+                        const float v160 = v142 * v158;
+                        const float v161 = v159 * v153;
+                        const float v162 = v160 * v154;
+                        const float v163 = l26;
+                        const float v164 = l26;
+                        const float v165 = v163 / v7;
+                        const float v166 = v164 / v7;
+                        const float v167 = v165 * v153;
+                        const float v168 = v166 * v154;
+                        const float v169 = v167 * v153;
+                        const float v170 = v168 * v154;
+                        const float v171 = v169 * v153;
+                        const float v172 = v170 * v154;
+                        const float v173 = v143 * v171;
+                        const float v174 = v144 * v172;
+                        const float v175 = v161 - v173;
+                        const float v176 = v162 - v174;
+                        stg138[l] = v175;
+                        stg138[l + 16] = v176;
+                        const float v177 = opgen_bf16_first(&p_grad_y[ro_grad_y[v29] + i99]);
+                        const float v178 = opgen_bf16_second(&p_grad_y[ro_grad_y[v29] + i140]);
+                        const float v179 = opgen_bf16_first(&p_x[ro_x[v29] + i99]);
+                        const float v180 = opgen_bf16_second(&p_x[ro_x[v29] + i140]);
+                        const float v181 = v177 * v179;
+                        const float v182 = v178 * v180;
+                        const float v183 = l30;
+                        const float v184 = l30;
+                        const float v185 = v183 / v7;
+                        const float v186 = v184 / v7;
+                        const float v187 = v185 + v8;
+                        const float v188 = v186 + v8;
+                        const float v189 = 1.0f / sqrtf(v187);
+                        const float v190 = 1.0f / sqrtf(v188);
+                        const float v191 = v181 * v189;
+                        const float v192 = v182 * v190;
+                        l10[i99] += v191;
+                        l10[i140] += v192;
+                        const float v193 = opgen_bf16_to_f32(p_w[i99 * st_w_0]);
+                        const float v194 = opgen_bf16_to_f32(p_w[i140 * st_w_0]);
+                        const float v195 = v177 * v193;
+                        const float v196 = v178 * v194;
+                        const float v197 = v195 * v189;
+                        const float v198 = v196 * v190;
+                        const float v199 = l32;
+                        const float v200 = l32;
+                        const float v201 = v199 / v7;
+                        const float v202 = v200 / v7;
+                        const float v203 = v201 * v189;
+                        const float v204 = v202 * v190;
+                        const float v205 = v203 * v189;
+                        const float v206 = v204 * v190;
+                        const float v207 = v205 * v189;
+                        const float v208 = v206 * v190;
+                        const float v209 = v179 * v207;
+                        const float v210 = v180 * v208;
+                        const float v211 = v197 - v209;
+                        const float v212 = v198 - v210;
+                        stg139[l] = v211;
+                        stg139[l + 16] = v212;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 32, nt_p_grad_x);
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip_pairs(&p_grad_x[ro_grad_x[v23] + r100], 1, stg138, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip_pairs(&p_grad_x[ro_grad_x[v29] + r100], 1, stg139, 32, nt_p_grad_x);
                 }
-                for (int64_t i84 = r85; i84 < d_D; i84++) {
-                    const float v161 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
-                    const float v162 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
-                    const float v163 = v161 * v162;
-                    const float v164 = l24;
-                    const float v165 = v164 / v7;
-                    const float v166 = v165 + v8;
-                    const float v167 = 1.0f / sqrtf(v166);
-                    const float v168 = v163 * v167;
-                    l10[i84] += v168;
-                    const float v169 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
-                    const float v170 = v161 * v169;
-                    const float v171 = v170 * v167;
-                    const float v172 = l26;
-                    const float v173 = v172 / v7;
-                    const float v174 = v173 * v167;
-                    const float v175 = v174 * v167;
-                    const float v176 = v175 * v167;
-                    const float v177 = v162 * v176;
-                    const float v178 = v171 - v177;
-                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v178);
-                    const float v179 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
-                    const float v180 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
-                    const float v181 = v179 * v180;
-                    const float v182 = l30;
-                    const float v183 = v182 / v7;
-                    const float v184 = v183 + v8;
-                    const float v185 = 1.0f / sqrtf(v184);
-                    const float v186 = v181 * v185;
-                    l10[i84] += v186;
-                    const float v187 = opgen_bf16_to_f32(p_w[i84 * st_w_0]);
-                    const float v188 = v179 * v187;
-                    const float v189 = v188 * v185;
-                    const float v190 = l32;
-                    const float v191 = v190 / v7;
-                    const float v192 = v191 * v185;
-                    const float v193 = v192 * v185;
-                    const float v194 = v193 * v185;
-                    const float v195 = v180 * v194;
-                    const float v196 = v189 - v195;
-                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v196);
-                }
-            }
-        }
-        for (int64_t i197 = v20; i197 < v13; i197++) {
-            float l198 = 0;
-            float l199 = 0;
-            float l200 = 0;
-            float l201 = 0;
-            {
-                float lane203[32];
-                for (int l = 0; l < 32; l++) lane203[l] = l ? 0 : l199;
-                float lane204[32];
-                for (int l = 0; l < 32; l++) lane204[l] = l ? 0 : l201;
-                int64_t r205 = v1;
-                for (; r205 + 32 <= d_D; r205 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i202 = r205 + l;
-                        const float v206 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v207 = v206 * v206;
-                        lane203[l] += v207;
-                        const float v208 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
-                        const float v209 = opgen_bf16_to_f32(p_w[i202 * st_w_0]);
-                        const float v210 = v208 * v209;
-                        const float v211 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v212 = v210 * v211;
-                        lane204[l] += v212;
-                    }
-                }
-                for (int l = 0; r205 + l < d_D; l++) {
-                    {
-                        const int64_t i202 = r205 + l;
-                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v214 = v213 * v213;
-                        lane203[l] += v214;
-                        const float v215 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
-                        const float v216 = opgen_bf16_to_f32(p_w[i202 * st_w_0]);
-                        const float v217 = v215 * v216;
-                        const float v218 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v219 = v217 * v218;
-                        lane204[l] += v219;
-                    }
-                }
-                for (int l = 0; l < 16; l++) lane203[l] += lane203[l + 16];
-                for (int l = 0; l < 8; l++) lane203[l] += lane203[l + 8];
-                for (int l = 0; l < 4; l++) lane203[l] += lane203[l + 4];
-                for (int l = 0; l < 2; l++) lane203[l] += lane203[l + 2];
-                for (int l = 0; l < 1; l++) lane203[l] += lane203[l + 1];
-                l199 = lane203[0];
-                for (int l = 0; l < 16; l++) lane204[l] += lane204[l + 16];
-                for (int l = 0; l < 8; l++) lane204[l] += lane204[l + 8];
-                for (int l = 0; l < 4; l++) lane204[l] += lane204[l + 4];
-                for (int l = 0; l < 2; l++) lane204[l] += lane204[l + 2];
-                for (int l = 0; l < 1; l++) lane204[l] += lane204[l + 1];
-                l201 = lane204[0];
-            }
-            const float v220 = l199;
-            l198 = v220;
-            const float v221 = l201;
-            l200 = v221;
-            const int64_t v222 = 1ll;
-            const int64_t v223 = 0ll;
-            const int64_t v224 = i197 + v222;
-            const int64_t v225 = d_N - v222;
-            const int64_t v226 = ((v224 < v225 || v224 != v224) ? v224 : v225);
-            const int64_t v227 = ((v226 > v223 || v226 != v226) ? v226 : v223);
-            {
-                int64_t r229 = v1;
-                int64_t e230 = r229 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i197] + r229] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e230 > d_D) e230 = d_D > r229 ? d_D : r229;
-                for (int64_t i228 = r229; i228 < e230; i228++) {
-                    const float v231 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
-                    const float v232 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                for (int64_t i99 = r100; i99 < d_D; i99++) {
+                    const float v213 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i99]);
+                    const float v214 = opgen_bf16_to_f32(p_x[ro_x[v23] + i99]);
+                    const float v215 = v213 * v214;
+                    const float v216 = l24;
+                    const float v217 = v216 / v7;
+                    const float v218 = v217 + v8;
+                    const float v219 = 1.0f / sqrtf(v218);
+                    const float v220 = v215 * v219;
+                    l10[i99] += v220;
+                    const float v221 = opgen_bf16_to_f32(p_w[i99 * st_w_0]);
+                    const float v222 = v213 * v221;
+                    const float v223 = v222 * v219;
+                    const float v224 = l26;
+                    const float v225 = v224 / v7;
+                    const float v226 = v225 * v219;
+                    const float v227 = v226 * v219;
+                    const float v228 = v227 * v219;
+                    const float v229 = v214 * v228;
+                    const float v230 = v223 - v229;
+                    p_grad_x[ro_grad_x[v23] + i99] = opgen_f32_to_bf16(v230);
+                    const float v231 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i99]);
+                    const float v232 = opgen_bf16_to_f32(p_x[ro_x[v29] + i99]);
                     const float v233 = v231 * v232;
-                    const float v234 = l198;
+                    const float v234 = l30;
                     const float v235 = v234 / v7;
                     const float v236 = v235 + v8;
                     const float v237 = 1.0f / sqrtf(v236);
                     const float v238 = v233 * v237;
-                    l10[i228] += v238;
-                    const float v239 = opgen_bf16_to_f32(p_w[i228 * st_w_0]);
+                    l10[i99] += v238;
+                    const float v239 = opgen_bf16_to_f32(p_w[i99 * st_w_0]);
                     const float v240 = v231 * v239;
                     const float v241 = v240 * v237;
-                    const float v242 = l200;
+                    const float v242 = l32;
                     const float v243 = v242 / v7;
                     const float v244 = v243 * v237;
                     const float v245 = v244 * v237;
                     const float v246 = v245 * v237;
                     const float v247 = v232 * v246;
                     const float v248 = v241 - v247;
-                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v248);
-                }
-                r229 = e230;
-                for (; r229 + 32 <= d_D; r229 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i197] + r229, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v227] + r229, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v227] + r229, 0);
-                    _Alignas(64) float stg249[32];
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i228 = r229 + l; (void)i228;
-                        const float v250 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
-                        const float v251 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
-                        const float v252 = v250 * v251;
-                        const float v253 = l198;
-                        const float v254 = v253 / v7;
-                        const float v255 = v254 + v8;
-                        const float v256 = 1.0f / sqrtf(v255);
-                        const float v257 = v252 * v256;
-                        l10[i228] += v257;
-                        const float v258 = opgen_bf16_to_f32(p_w[i228 * st_w_0]);
-                        const float v259 = v250 * v258;
-                        const float v260 = v259 * v256;
-                        const float v261 = l200;
-                        const float v262 = v261 / v7;
-                        const float v263 = v262 * v256;
-                        const float v264 = v263 * v256;
-                        const float v265 = v264 * v256;
-                        const float v266 = v251 * v265;
-                        const float v267 = v260 - v266;
-                        stg249[l] = v267;
-                    }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i197] + r229], 1, stg249, 32, nt_p_grad_x);
-                }
-                for (int64_t i228 = r229; i228 < d_D; i228++) {
-                    const float v268 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
-                    const float v269 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
-                    const float v270 = v268 * v269;
-                    const float v271 = l198;
-                    const float v272 = v271 / v7;
-                    const float v273 = v272 + v8;
-                    const float v274 = 1.0f / sqrtf(v273);
-                    const float v275 = v270 * v274;
-                    l10[i228] += v275;
-                    const float v276 = opgen_bf16_to_f32(p_w[i228 * st_w_0]);
-                    const float v277 = v268 * v276;
-                    const float v278 = v277 * v274;
-                    const float v279 = l200;
-                    const float v280 = v279 / v7;
-                    const float v281 = v280 * v274;
-                    const float v282 = v281 * v274;
-                    const float v283 = v282 * v274;
-                    const float v284 = v269 * v283;
-                    const float v285 = v278 - v284;
-                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v285);
+                    p_grad_x[ro_grad_x[v29] + i99] = opgen_f32_to_bf16(v248);
                 }
             }
         }
-        for (int64_t i286 = v1; i286 < d_D; i286++) {
-            const float v287 = l10[i286];
-            t5[i9 * d_D + i286] = v287;
+        for (int64_t i249 = v20; i249 < v13; i249++) {
+            float l250 = 0;
+            float l251 = 0;
+            float l252 = 0;
+            float l253 = 0;
+            {
+                float lane255[32];
+                for (int l = 0; l < 32; l++) lane255[l] = l ? 0 : l251;
+                float lane256[32];
+                for (int l = 0; l < 32; l++) lane256[l] = l ? 0 : l253;
+                int64_t r257 = v1;
+                for (; r257 + 32 <= d_D; r257 += 32) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i254 = r257 + 2 * l; (void)i254;
+                        const int64_t i258 = r257 + 2 * l + 1; (void)i258;
+                        const float v259 = opgen_bf16_first(&p_x[ro_x[i249] + i254]);
+                        const float v260 = opgen_bf16_second(&p_x[ro_x[i249] + i258]);
+                        const float v261 = v259 * v259;
+                        const float v262 = v260 * v260;
+                        lane255[l] += v261;
+                        lane255[l + 16] += v262;
+                        const float v263 = opgen_bf16_first(&p_grad_y[ro_grad_y[i249] + i254]);
+                        const float v264 = opgen_bf16_second(&p_grad_y[ro_grad_y[i249] + i258]);
+                        const float v265 = opgen_bf16_to_f32(p_w[i254 * st_w_0]);
+                        const float v266 = opgen_bf16_to_f32(p_w[i258 * st_w_0]);
+                        const float v267 = v263 * v265;
+                        const float v268 = v264 * v266;
+                        const float v269 = opgen_bf16_first(&p_x[ro_x[i249] + i254]);
+                        const float v270 = opgen_bf16_second(&p_x[ro_x[i249] + i258]);
+                        const float v271 = v267 * v269;
+                        const float v272 = v268 * v270;
+                        lane256[l] += v271;
+                        lane256[l + 16] += v272;
+                    }
+                }
+                for (int l = 0; r257 + l < d_D; l++) {
+                    {
+                        const int64_t i254 = r257 + l;
+                        const float v273 = opgen_bf16_to_f32(p_x[ro_x[i249] + i254]);
+                        const float v274 = v273 * v273;
+                        lane255[l] += v274;
+                        const float v275 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i249] + i254]);
+                        const float v276 = opgen_bf16_to_f32(p_w[i254 * st_w_0]);
+                        const float v277 = v275 * v276;
+                        const float v278 = opgen_bf16_to_f32(p_x[ro_x[i249] + i254]);
+                        const float v279 = v277 * v278;
+                        lane256[l] += v279;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane255[l] += lane255[l + 16];
+                for (int l = 0; l < 8; l++) lane255[l] += lane255[l + 8];
+                for (int l = 0; l < 4; l++) lane255[l] += lane255[l + 4];
+                for (int l = 0; l < 2; l++) lane255[l] += lane255[l + 2];
+                for (int l = 0; l < 1; l++) lane255[l] += lane255[l + 1];
+                l251 = lane255[0];
+                for (int l = 0; l < 16; l++) lane256[l] += lane256[l + 16];
+                for (int l = 0; l < 8; l++) lane256[l] += lane256[l + 8];
+                for (int l = 0; l < 4; l++) lane256[l] += lane256[l + 4];
+                for (int l = 0; l < 2; l++) lane256[l] += lane256[l + 2];
+                for (int l = 0; l < 1; l++) lane256[l] += lane256[l + 1];
+                l253 = lane256[0];
+            }
+            const float v280 = l251;
+            l250 = v280;
+            const float v281 = l253;
+            l252 = v281;
+            const int64_t v282 = 1ll;
+            const int64_t v283 = 0ll;
+            const int64_t v284 = i249 + v282;
+            const int64_t v285 = d_N - v282;
+            const int64_t v286 = ((v284 < v285 || v284 != v284) ? v284 : v285);
+            const int64_t v287 = ((v286 > v283 || v286 != v286) ? v286 : v283);
+            {
+                int64_t r289 = v1;
+                int64_t e290 = r289 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i249] + r289] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e290 > d_D) e290 = d_D > r289 ? d_D : r289;
+                for (int64_t i288 = r289; i288 < e290; i288++) {
+                    const float v291 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i249] + i288]);
+                    const float v292 = opgen_bf16_to_f32(p_x[ro_x[i249] + i288]);
+                    const float v293 = v291 * v292;
+                    const float v294 = l250;
+                    const float v295 = v294 / v7;
+                    const float v296 = v295 + v8;
+                    const float v297 = 1.0f / sqrtf(v296);
+                    const float v298 = v293 * v297;
+                    l10[i288] += v298;
+                    const float v299 = opgen_bf16_to_f32(p_w[i288 * st_w_0]);
+                    const float v300 = v291 * v299;
+                    const float v301 = v300 * v297;
+                    const float v302 = l252;
+                    const float v303 = v302 / v7;
+                    const float v304 = v303 * v297;
+                    const float v305 = v304 * v297;
+                    const float v306 = v305 * v297;
+                    const float v307 = v292 * v306;
+                    const float v308 = v301 - v307;
+                    p_grad_x[ro_grad_x[i249] + i288] = opgen_f32_to_bf16(v308);
+                }
+                r289 = e290;
+                for (; r289 + 32 <= d_D; r289 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i249] + r289, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v287] + r289, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v287] + r289, 0);
+                    _Alignas(64) float stg309[32];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i288 = r289 + 2 * l; (void)i288;
+                        const int64_t i310 = r289 + 2 * l + 1; (void)i310;
+                        const float v311 = opgen_bf16_first(&p_grad_y[ro_grad_y[i249] + i288]);
+                        const float v312 = opgen_bf16_second(&p_grad_y[ro_grad_y[i249] + i310]);
+                        const float v313 = opgen_bf16_first(&p_x[ro_x[i249] + i288]);
+                        const float v314 = opgen_bf16_second(&p_x[ro_x[i249] + i310]);
+                        const float v315 = v311 * v313;
+                        const float v316 = v312 * v314;
+                        const float v317 = l250;
+                        const float v318 = l250;
+                        const float v319 = v317 / v7;
+                        const float v320 = v318 / v7;
+                        const float v321 = v319 + v8;
+                        const float v322 = v320 + v8;
+                        const float v323 = 1.0f / sqrtf(v321);
+                        const float v324 = 1.0f / sqrtf(v322);
+                        const float v325 = v315 * v323;
+                        const float v326 = v316 * v324;
+                        l10[i288] += v325;
+                        l10[i310] += v326;
+                        const float v327 = opgen_bf16_to_f32(p_w[i288 * st_w_0]);
+                        const float v328 = opgen_bf16_to_f32(p_w[i310 * st_w_0]);
+                        const float v329 = v311 * v327;
+                        const float v330 = v312 * v328;
+                        const float v331 = v329 * v323;
+                        const float v332 = v330 * v324;
+                        const float v333 = l252;
+                        const float v334 = l252;
+                        const float v335 = v333 / v7;
+                        const float v336 = v334 / v7;
+                        const float v337 = v335 * v323;
+                        const float v338 = v336 * v324;
+                        const float v339 = v337 * v323;
+                        const float v340 = v338 * v324;
+                        const float v341 = v339 * v323;
+                        const float v342 = v340 * v324;
+                        const float v343 = v313 * v341;
+                        const float v344 = v314 * v342;
+                        const float v345 = v331 - v343;
+                        const float v346 = v332 - v344;
+                        stg309[l] = v345;
+                        stg309[l + 16] = v346;
+                    }
+                    opgen_bf16_store_strip_pairs(&p_grad_x[ro_grad_x[i249] + r289], 1, stg309, 32, nt_p_grad_x);
+                }
+                for (int64_t i288 = r289; i288 < d_D; i288++) {
+                    const float v347 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i249] + i288]);
+                    const float v348 = opgen_bf16_to_f32(p_x[ro_x[i249] + i288]);
+                    const float v349 = v347 * v348;
+                    const float v350 = l250;
+                    const float v351 = v350 / v7;
+                    const float v352 = v351 + v8;
+                    const float v353 = 1.0f / sqrtf(v352);
+                    const float v354 = v349 * v353;
+                    l10[i288] += v354;
+                    const float v355 = opgen_bf16_to_f32(p_w[i288 * st_w_0]);
+                    const float v356 = v347 * v355;
+                    const float v357 = v356 * v353;
+                    const float v358 = l252;
+                    const float v359 = v358 / v7;
+                    const float v360 = v359 * v353;
+                    const float v361 = v360 * v353;
+                    const float v362 = v361 * v353;
+                    const float v363 = v348 * v362;
+                    const float v364 = v357 - v363;
+                    p_grad_x[ro_grad_x[i249] + i288] = opgen_f32_to_bf16(v364);
+                }
+            }
+        }
+        for (int64_t i365 = v1; i365 < d_D; i365++) {
+            const float v366 = l10[i365];
+            t5[i9 * d_D + i365] = v366;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v288 = 64ll;
-    const int64_t v289 = 0ll;
-    const int64_t v290 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v367 = 64ll;
+    const int64_t v368 = 0ll;
+    const int64_t v369 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i291 = v289; i291 < v290; i291++) {
-        const int64_t v292 = i291 * v288;
-        const int64_t v293 = d_D - v292;
-        const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
-        float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l295, sizeof(float) * (size_t)64ll);
-        const int64_t v296 = 8ll;
-        const int64_t v297 = 0ll;
-        const int64_t v298 = v4 - v1;
-        const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
-        const int64_t v300 = (v296 == 0 ? (int64_t)0 : v296 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v299) : (int64_t)(v299 / v296));
-        const int64_t v301 = v300 * v296;
-        const int64_t v302 = v1 + v301;
-        for (int64_t i303 = v297; i303 < v300; i303++) {
-            const int64_t v304 = i303 * v296;
-            const int64_t v305 = v1 + v304;
-            const int64_t v306 = 1ll;
-            const int64_t v307 = v305 + v306;
-            const int64_t v308 = 2ll;
-            const int64_t v309 = v305 + v308;
-            const int64_t v310 = 3ll;
-            const int64_t v311 = v305 + v310;
-            const int64_t v312 = 4ll;
-            const int64_t v313 = v305 + v312;
-            const int64_t v314 = 5ll;
-            const int64_t v315 = v305 + v314;
-            const int64_t v316 = 6ll;
-            const int64_t v317 = v305 + v316;
-            const int64_t v318 = 7ll;
-            const int64_t v319 = v305 + v318;
-            for (int64_t i320 = v289; i320 < v294; i320++) {
-                const int64_t v321 = v292 + i320;
-                const float v322 = t5[v305 * d_D + v321];
-                l295[i320] += v322;
-                const int64_t v323 = v292 + i320;
-                const float v324 = t5[v307 * d_D + v323];
-                l295[i320] += v324;
-                const int64_t v325 = v292 + i320;
-                const float v326 = t5[v309 * d_D + v325];
-                l295[i320] += v326;
-                const int64_t v327 = v292 + i320;
-                const float v328 = t5[v311 * d_D + v327];
-                l295[i320] += v328;
-                const int64_t v329 = v292 + i320;
-                const float v330 = t5[v313 * d_D + v329];
-                l295[i320] += v330;
-                const int64_t v331 = v292 + i320;
-                const float v332 = t5[v315 * d_D + v331];
-                l295[i320] += v332;
-                const int64_t v333 = v292 + i320;
-                const float v334 = t5[v317 * d_D + v333];
-                l295[i320] += v334;
-                const int64_t v335 = v292 + i320;
-                const float v336 = t5[v319 * d_D + v335];
-                l295[i320] += v336;
+    for (int64_t i370 = v368; i370 < v369; i370++) {
+        const int64_t v371 = i370 * v367;
+        const int64_t v372 = d_D - v371;
+        const int64_t v373 = ((v367 < v372 || v367 != v367) ? v367 : v372);
+        float *restrict l374 = l374_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l374, sizeof(float) * (size_t)64ll);
+        const int64_t v375 = 8ll;
+        const int64_t v376 = 0ll;
+        const int64_t v377 = v4 - v1;
+        const int64_t v378 = ((v377 > v376 || v377 != v377) ? v377 : v376);
+        const int64_t v379 = (v375 == 0 ? (int64_t)0 : v375 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v378) : (int64_t)(v378 / v375));
+        const int64_t v380 = v379 * v375;
+        const int64_t v381 = v1 + v380;
+        for (int64_t i382 = v376; i382 < v379; i382++) {
+            const int64_t v383 = i382 * v375;
+            const int64_t v384 = v1 + v383;
+            const int64_t v385 = 1ll;
+            const int64_t v386 = v384 + v385;
+            const int64_t v387 = 2ll;
+            const int64_t v388 = v384 + v387;
+            const int64_t v389 = 3ll;
+            const int64_t v390 = v384 + v389;
+            const int64_t v391 = 4ll;
+            const int64_t v392 = v384 + v391;
+            const int64_t v393 = 5ll;
+            const int64_t v394 = v384 + v393;
+            const int64_t v395 = 6ll;
+            const int64_t v396 = v384 + v395;
+            const int64_t v397 = 7ll;
+            const int64_t v398 = v384 + v397;
+            for (int64_t i399 = v368; i399 < v373; i399++) {
+                const int64_t v400 = v371 + i399;
+                const float v401 = t5[v384 * d_D + v400];
+                l374[i399] += v401;
+                const int64_t v402 = v371 + i399;
+                const float v403 = t5[v386 * d_D + v402];
+                l374[i399] += v403;
+                const int64_t v404 = v371 + i399;
+                const float v405 = t5[v388 * d_D + v404];
+                l374[i399] += v405;
+                const int64_t v406 = v371 + i399;
+                const float v407 = t5[v390 * d_D + v406];
+                l374[i399] += v407;
+                const int64_t v408 = v371 + i399;
+                const float v409 = t5[v392 * d_D + v408];
+                l374[i399] += v409;
+                const int64_t v410 = v371 + i399;
+                const float v411 = t5[v394 * d_D + v410];
+                l374[i399] += v411;
+                const int64_t v412 = v371 + i399;
+                const float v413 = t5[v396 * d_D + v412];
+                l374[i399] += v413;
+                const int64_t v414 = v371 + i399;
+                const float v415 = t5[v398 * d_D + v414];
+                l374[i399] += v415;
             }
         }
-        for (int64_t i337 = v302; i337 < v4; i337++) {
-            for (int64_t i338 = v289; i338 < v294; i338++) {
-                const int64_t v339 = v292 + i338;
-                const float v340 = t5[i337 * d_D + v339];
-                l295[i338] += v340;
+        for (int64_t i416 = v381; i416 < v4; i416++) {
+            for (int64_t i417 = v368; i417 < v373; i417++) {
+                const int64_t v418 = v371 + i417;
+                const float v419 = t5[i416 * d_D + v418];
+                l374[i417] += v419;
             }
         }
-        for (int64_t i341 = v289; i341 < v294; i341++) {
-            const int64_t v342 = v292 + i341;
-            const float v343 = l295[i341];
-            p_grad_w[v342 * st_grad_w_0] = opgen_f32_to_bf16(v343);
+        for (int64_t i420 = v368; i420 < v373; i420++) {
+            const int64_t v421 = v371 + i420;
+            const float v422 = l374[i420];
+            p_grad_w[v421 * st_grad_w_0] = opgen_f32_to_bf16(v422);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -2858,7 +2949,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l374_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -2907,49 +2998,68 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                 for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
                 int64_t r39 = v1;
                 for (; r39 + 32 <= d_D; r39 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i34 = r39 + l;
-                        const float v40 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v41 = v40 * v40;
-                        lane35[l] += v41;
-                        const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
-                        const float v43 = opgen_bf16_to_f32(p_w[i34]);
-                        const float v44 = v42 * v43;
-                        const float v45 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v46 = v44 * v45;
-                        lane36[l] += v46;
-                        const float v47 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v48 = v47 * v47;
-                        lane37[l] += v48;
-                        const float v49 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
-                        const float v50 = opgen_bf16_to_f32(p_w[i34]);
-                        const float v51 = v49 * v50;
-                        const float v52 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v53 = v51 * v52;
-                        lane38[l] += v53;
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i34 = r39 + 2 * l; (void)i34;
+                        const int64_t i40 = r39 + 2 * l + 1; (void)i40;
+                        const float v41 = opgen_bf16_first(&p_x[ro_x[v23] + i34]);
+                        const float v42 = opgen_bf16_second(&p_x[ro_x[v23] + i40]);
+                        const float v43 = v41 * v41;
+                        const float v44 = v42 * v42;
+                        lane35[l] += v43;
+                        lane35[l + 16] += v44;
+                        const float v45 = opgen_bf16_first(&p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v46 = opgen_bf16_second(&p_grad_y[ro_grad_y[v23] + i40]);
+                        const float v47 = opgen_bf16_first(&p_w[i34]);
+                        const float v48 = opgen_bf16_second(&p_w[i40]);
+                        const float v49 = v45 * v47;
+                        const float v50 = v46 * v48;
+                        const float v51 = opgen_bf16_first(&p_x[ro_x[v23] + i34]);
+                        const float v52 = opgen_bf16_second(&p_x[ro_x[v23] + i40]);
+                        const float v53 = v49 * v51;
+                        const float v54 = v50 * v52;
+                        lane36[l] += v53;
+                        lane36[l + 16] += v54;
+                        const float v55 = opgen_bf16_first(&p_x[ro_x[v29] + i34]);
+                        const float v56 = opgen_bf16_second(&p_x[ro_x[v29] + i40]);
+                        const float v57 = v55 * v55;
+                        const float v58 = v56 * v56;
+                        lane37[l] += v57;
+                        lane37[l + 16] += v58;
+                        const float v59 = opgen_bf16_first(&p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v60 = opgen_bf16_second(&p_grad_y[ro_grad_y[v29] + i40]);
+                        const float v61 = opgen_bf16_first(&p_w[i34]);
+                        const float v62 = opgen_bf16_second(&p_w[i40]);
+                        const float v63 = v59 * v61;
+                        const float v64 = v60 * v62;
+                        const float v65 = opgen_bf16_first(&p_x[ro_x[v29] + i34]);
+                        const float v66 = opgen_bf16_second(&p_x[ro_x[v29] + i40]);
+                        const float v67 = v63 * v65;
+                        const float v68 = v64 * v66;
+                        lane38[l] += v67;
+                        lane38[l + 16] += v68;
                     }
                 }
                 for (int l = 0; r39 + l < d_D; l++) {
                     {
                         const int64_t i34 = r39 + l;
-                        const float v54 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v55 = v54 * v54;
-                        lane35[l] += v55;
-                        const float v56 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
-                        const float v57 = opgen_bf16_to_f32(p_w[i34]);
-                        const float v58 = v56 * v57;
-                        const float v59 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
-                        const float v60 = v58 * v59;
-                        lane36[l] += v60;
-                        const float v61 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v62 = v61 * v61;
-                        lane37[l] += v62;
-                        const float v63 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
-                        const float v64 = opgen_bf16_to_f32(p_w[i34]);
-                        const float v65 = v63 * v64;
-                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
-                        const float v67 = v65 * v66;
-                        lane38[l] += v67;
+                        const float v69 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v70 = v69 * v69;
+                        lane35[l] += v70;
+                        const float v71 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i34]);
+                        const float v72 = opgen_bf16_to_f32(p_w[i34]);
+                        const float v73 = v71 * v72;
+                        const float v74 = opgen_bf16_to_f32(p_x[ro_x[v23] + i34]);
+                        const float v75 = v73 * v74;
+                        lane36[l] += v75;
+                        const float v76 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v77 = v76 * v76;
+                        lane37[l] += v77;
+                        const float v78 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i34]);
+                        const float v79 = opgen_bf16_to_f32(p_w[i34]);
+                        const float v80 = v78 * v79;
+                        const float v81 = opgen_bf16_to_f32(p_x[ro_x[v29] + i34]);
+                        const float v82 = v80 * v81;
+                        lane38[l] += v82;
                     }
                 }
                 for (int l = 0; l < 16; l++) lane35[l] += lane35[l + 16];
@@ -2977,403 +3087,475 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                 for (int l = 0; l < 1; l++) lane38[l] += lane38[l + 1];
                 l33 = lane38[0];
             }
-            const float v68 = l25;
-            l24 = v68;
-            const float v69 = l27;
-            l26 = v69;
-            const float v70 = l31;
-            l30 = v70;
-            const float v71 = l33;
-            l32 = v71;
-            const int64_t v72 = 1ll;
-            const int64_t v73 = 0ll;
-            const int64_t v74 = i21 + v72;
-            const int64_t v75 = v74 * v14;
-            const int64_t v76 = v11 + v75;
-            const int64_t v77 = d_N - v72;
-            const int64_t v78 = ((v76 < v77 || v76 != v76) ? v76 : v77);
-            const int64_t v79 = ((v78 > v73 || v78 != v78) ? v78 : v73);
-            const int64_t v80 = v76 + v28;
-            const int64_t v81 = d_N - v72;
-            const int64_t v82 = ((v80 < v81 || v80 != v80) ? v80 : v81);
-            const int64_t v83 = ((v82 > v73 || v82 != v82) ? v82 : v73);
+            const float v83 = l25;
+            l24 = v83;
+            const float v84 = l27;
+            l26 = v84;
+            const float v85 = l31;
+            l30 = v85;
+            const float v86 = l33;
+            l32 = v86;
+            const int64_t v87 = 1ll;
+            const int64_t v88 = 0ll;
+            const int64_t v89 = i21 + v87;
+            const int64_t v90 = v89 * v14;
+            const int64_t v91 = v11 + v90;
+            const int64_t v92 = d_N - v87;
+            const int64_t v93 = ((v91 < v92 || v91 != v91) ? v91 : v92);
+            const int64_t v94 = ((v93 > v88 || v93 != v93) ? v93 : v88);
+            const int64_t v95 = v91 + v28;
+            const int64_t v96 = d_N - v87;
+            const int64_t v97 = ((v95 < v96 || v95 != v95) ? v95 : v96);
+            const int64_t v98 = ((v97 > v88 || v97 != v97) ? v97 : v88);
             {
-                int64_t r85 = v1;
-                int64_t e86 = r85 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r85] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e86 > d_D) e86 = d_D > r85 ? d_D : r85;
+                int64_t r100 = v1;
+                int64_t e101 = r100 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r100] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e101 > d_D) e101 = d_D > r100 ? d_D : r100;
                 #pragma omp simd
-                for (int64_t i84 = r85; i84 < e86; i84++) {
-                    const float v87 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
-                    const float v88 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
-                    const float v89 = v87 * v88;
-                    const float v90 = l24;
-                    const float v91 = v90 / v7;
-                    const float v92 = v91 + v8;
-                    const float v93 = 1.0f / sqrtf(v92);
-                    const float v94 = v89 * v93;
-                    l10[i84] += v94;
-                    const float v95 = opgen_bf16_to_f32(p_w[i84]);
-                    const float v96 = v87 * v95;
-                    const float v97 = v96 * v93;
-                    const float v98 = l26;
-                    const float v99 = v98 / v7;
-                    const float v100 = v99 * v93;
-                    const float v101 = v100 * v93;
-                    const float v102 = v101 * v93;
-                    const float v103 = v88 * v102;
-                    const float v104 = v97 - v103;
-                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v104);
-                    const float v105 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
-                    const float v106 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
-                    const float v107 = v105 * v106;
-                    const float v108 = l30;
-                    const float v109 = v108 / v7;
-                    const float v110 = v109 + v8;
-                    const float v111 = 1.0f / sqrtf(v110);
-                    const float v112 = v107 * v111;
-                    l10[i84] += v112;
-                    const float v113 = opgen_bf16_to_f32(p_w[i84]);
-                    const float v114 = v105 * v113;
-                    const float v115 = v114 * v111;
-                    const float v116 = l32;
-                    const float v117 = v116 / v7;
-                    const float v118 = v117 * v111;
-                    const float v119 = v118 * v111;
-                    const float v120 = v119 * v111;
-                    const float v121 = v106 * v120;
-                    const float v122 = v115 - v121;
-                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v122);
+                for (int64_t i99 = r100; i99 < e101; i99++) {
+                    const float v102 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i99]);
+                    const float v103 = opgen_bf16_to_f32(p_x[ro_x[v23] + i99]);
+                    const float v104 = v102 * v103;
+                    const float v105 = l24;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i99] += v109;
+                    const float v110 = opgen_bf16_to_f32(p_w[i99]);
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l26;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v23] + i99] = opgen_f32_to_bf16(v119);
+                    const float v120 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i99]);
+                    const float v121 = opgen_bf16_to_f32(p_x[ro_x[v29] + i99]);
+                    const float v122 = v120 * v121;
+                    const float v123 = l30;
+                    const float v124 = v123 / v7;
+                    const float v125 = v124 + v8;
+                    const float v126 = 1.0f / sqrtf(v125);
+                    const float v127 = v122 * v126;
+                    l10[i99] += v127;
+                    const float v128 = opgen_bf16_to_f32(p_w[i99]);
+                    const float v129 = v120 * v128;
+                    const float v130 = v129 * v126;
+                    const float v131 = l32;
+                    const float v132 = v131 / v7;
+                    const float v133 = v132 * v126;
+                    const float v134 = v133 * v126;
+                    const float v135 = v134 * v126;
+                    const float v136 = v121 * v135;
+                    const float v137 = v130 - v136;
+                    p_grad_x[ro_grad_x[v29] + i99] = opgen_f32_to_bf16(v137);
                 }
-                r85 = e86;
-                for (; r85 + 32 <= d_D; r85 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r85, 2048);
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r85, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r85, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v79] + r85, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v83] + r85, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v83] + r85, 0);
-                    _Alignas(64) float stg123[32];
-                    _Alignas(64) float stg124[32];
+                r100 = e101;
+                for (; r100 + 32 <= d_D; r100 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v29] + r100, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r100, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v94] + r100, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v94] + r100, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v98] + r100, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v98] + r100, 0);
+                    _Alignas(64) float stg138[32];
+                    _Alignas(64) float stg139[32];
                     #pragma omp simd
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i84 = r85 + l; (void)i84;
-                        const float v125 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
-                        const float v126 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
-                        const float v127 = v125 * v126;
-                        const float v128 = l24;
-                        const float v129 = v128 / v7;
-                        const float v130 = v129 + v8;
-                        const float v131 = 1.0f / sqrtf(v130);
-                        const float v132 = v127 * v131;
-                        l10[i84] += v132;
-                        const float v133 = opgen_bf16_to_f32(p_w[i84]);
-                        const float v134 = v125 * v133;
-                        const float v135 = v134 * v131;
-                        const float v136 = l26;
-                        const float v137 = v136 / v7;
-                        const float v138 = v137 * v131;
-                        const float v139 = v138 * v131;
-                        const float v140 = v139 * v131;
-                        const float v141 = v126 * v140;
-                        const float v142 = v135 - v141;
-                        stg123[l] = v142;
-                        const float v143 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
-                        const float v144 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
-                        const float v145 = v143 * v144;
-                        const float v146 = l30;
-                        const float v147 = v146 / v7;
-                        const float v148 = v147 + v8;
-                        const float v149 = 1.0f / sqrtf(v148);
-                        const float v150 = v145 * v149;
-                        l10[i84] += v150;
-                        const float v151 = opgen_bf16_to_f32(p_w[i84]);
-                        const float v152 = v143 * v151;
-                        const float v153 = v152 * v149;
-                        const float v154 = l32;
-                        const float v155 = v154 / v7;
-                        const float v156 = v155 * v149;
-                        const float v157 = v156 * v149;
-                        const float v158 = v157 * v149;
-                        const float v159 = v144 * v158;
-                        const float v160 = v153 - v159;
-                        stg124[l] = v160;
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i99 = r100 + 2 * l; (void)i99;
+                        const int64_t i140 = r100 + 2 * l + 1; (void)i140;
+                        const float v141 = opgen_bf16_first(&p_grad_y[ro_grad_y[v23] + i99]);
+                        const float v142 = opgen_bf16_second(&p_grad_y[ro_grad_y[v23] + i140]);
+                        const float v143 = opgen_bf16_first(&p_x[ro_x[v23] + i99]);
+                        const float v144 = opgen_bf16_second(&p_x[ro_x[v23] + i140]);
+                        const float v145 = v141 * v143;
+                        const float v146 = v142 * v144;
+                        const float v147 = l24;
+                        const float v148 = l24;
+                        const float v149 = v147 / v7;
+                        const float v150 = v148 / v7;
+                        const float v151 = v149 + v8;
+                        const float v152 = v150 + v8;
+                        const float v153 = 1.0f / sqrtf(v151);
+                        const float v154 = 1.0f / sqrtf(v152);
+                        const float v155 = v145 * v153;
+                        const float v156 = v146 * v154;
+                        l10[i99] += v155;
+                        l10[i140] += v156;
+                        const float v157 = opgen_bf16_first(&p_w[i99]);
+                        const float v158 = opgen_bf16_second(&p_w[i140]);
+                        const float v159 = v141 * v157;
+                        const float v160 = v142 * v158;
+                        const float v161 = v159 * v153;
+                        const float v162 = v160 * v154;
+                        const float v163 = l26;
+                        const float v164 = l26;
+                        const float v165 = v163 / v7;
+                        const float v166 = v164 / v7;
+                        const float v167 = v165 * v153;
+                        const float v168 = v166 * v154;
+                        const float v169 = v167 * v153;
+                        const float v170 = v168 * v154;
+                        const float v171 = v169 * v153;
+                        const float v172 = v170 * v154;
+                        const float v173 = v143 * v171;
+                        const float v174 = v144 * v172;
+                        const float v175 = v161 - v173;
+                        const float v176 = v162 - v174;
+                        stg138[l] = v175;
+                        stg138[l + 16] = v176;
+                        const float v177 = opgen_bf16_first(&p_grad_y[ro_grad_y[v29] + i99]);
+                        const float v178 = opgen_bf16_second(&p_grad_y[ro_grad_y[v29] + i140]);
+                        const float v179 = opgen_bf16_first(&p_x[ro_x[v29] + i99]);
+                        const float v180 = opgen_bf16_second(&p_x[ro_x[v29] + i140]);
+                        const float v181 = v177 * v179;
+                        const float v182 = v178 * v180;
+                        const float v183 = l30;
+                        const float v184 = l30;
+                        const float v185 = v183 / v7;
+                        const float v186 = v184 / v7;
+                        const float v187 = v185 + v8;
+                        const float v188 = v186 + v8;
+                        const float v189 = 1.0f / sqrtf(v187);
+                        const float v190 = 1.0f / sqrtf(v188);
+                        const float v191 = v181 * v189;
+                        const float v192 = v182 * v190;
+                        l10[i99] += v191;
+                        l10[i140] += v192;
+                        const float v193 = opgen_bf16_first(&p_w[i99]);
+                        const float v194 = opgen_bf16_second(&p_w[i140]);
+                        const float v195 = v177 * v193;
+                        const float v196 = v178 * v194;
+                        const float v197 = v195 * v189;
+                        const float v198 = v196 * v190;
+                        const float v199 = l32;
+                        const float v200 = l32;
+                        const float v201 = v199 / v7;
+                        const float v202 = v200 / v7;
+                        const float v203 = v201 * v189;
+                        const float v204 = v202 * v190;
+                        const float v205 = v203 * v189;
+                        const float v206 = v204 * v190;
+                        const float v207 = v205 * v189;
+                        const float v208 = v206 * v190;
+                        const float v209 = v179 * v207;
+                        const float v210 = v180 * v208;
+                        const float v211 = v197 - v209;
+                        const float v212 = v198 - v210;
+                        stg139[l] = v211;
+                        stg139[l + 16] = v212;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r85], 1, stg123, 32, nt_p_grad_x);
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v29] + r85], 1, stg124, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip_pairs(&p_grad_x[ro_grad_x[v23] + r100], 1, stg138, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip_pairs(&p_grad_x[ro_grad_x[v29] + r100], 1, stg139, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i84 = r85; i84 < d_D; i84++) {
-                    const float v161 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i84]);
-                    const float v162 = opgen_bf16_to_f32(p_x[ro_x[v23] + i84]);
-                    const float v163 = v161 * v162;
-                    const float v164 = l24;
-                    const float v165 = v164 / v7;
-                    const float v166 = v165 + v8;
-                    const float v167 = 1.0f / sqrtf(v166);
-                    const float v168 = v163 * v167;
-                    l10[i84] += v168;
-                    const float v169 = opgen_bf16_to_f32(p_w[i84]);
-                    const float v170 = v161 * v169;
-                    const float v171 = v170 * v167;
-                    const float v172 = l26;
-                    const float v173 = v172 / v7;
-                    const float v174 = v173 * v167;
-                    const float v175 = v174 * v167;
-                    const float v176 = v175 * v167;
-                    const float v177 = v162 * v176;
-                    const float v178 = v171 - v177;
-                    p_grad_x[ro_grad_x[v23] + i84] = opgen_f32_to_bf16(v178);
-                    const float v179 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i84]);
-                    const float v180 = opgen_bf16_to_f32(p_x[ro_x[v29] + i84]);
-                    const float v181 = v179 * v180;
-                    const float v182 = l30;
-                    const float v183 = v182 / v7;
-                    const float v184 = v183 + v8;
-                    const float v185 = 1.0f / sqrtf(v184);
-                    const float v186 = v181 * v185;
-                    l10[i84] += v186;
-                    const float v187 = opgen_bf16_to_f32(p_w[i84]);
-                    const float v188 = v179 * v187;
-                    const float v189 = v188 * v185;
-                    const float v190 = l32;
-                    const float v191 = v190 / v7;
-                    const float v192 = v191 * v185;
-                    const float v193 = v192 * v185;
-                    const float v194 = v193 * v185;
-                    const float v195 = v180 * v194;
-                    const float v196 = v189 - v195;
-                    p_grad_x[ro_grad_x[v29] + i84] = opgen_f32_to_bf16(v196);
-                }
-            }
-        }
-        for (int64_t i197 = v20; i197 < v13; i197++) {
-            float l198 = 0;
-            float l199 = 0;
-            float l200 = 0;
-            float l201 = 0;
-            {
-                float lane203[32];
-                for (int l = 0; l < 32; l++) lane203[l] = l ? 0 : l199;
-                float lane204[32];
-                for (int l = 0; l < 32; l++) lane204[l] = l ? 0 : l201;
-                int64_t r205 = v1;
-                for (; r205 + 32 <= d_D; r205 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i202 = r205 + l;
-                        const float v206 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v207 = v206 * v206;
-                        lane203[l] += v207;
-                        const float v208 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
-                        const float v209 = opgen_bf16_to_f32(p_w[i202]);
-                        const float v210 = v208 * v209;
-                        const float v211 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v212 = v210 * v211;
-                        lane204[l] += v212;
-                    }
-                }
-                for (int l = 0; r205 + l < d_D; l++) {
-                    {
-                        const int64_t i202 = r205 + l;
-                        const float v213 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v214 = v213 * v213;
-                        lane203[l] += v214;
-                        const float v215 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i202]);
-                        const float v216 = opgen_bf16_to_f32(p_w[i202]);
-                        const float v217 = v215 * v216;
-                        const float v218 = opgen_bf16_to_f32(p_x[ro_x[i197] + i202]);
-                        const float v219 = v217 * v218;
-                        lane204[l] += v219;
-                    }
-                }
-                for (int l = 0; l < 16; l++) lane203[l] += lane203[l + 16];
-                for (int l = 0; l < 8; l++) lane203[l] += lane203[l + 8];
-                for (int l = 0; l < 4; l++) lane203[l] += lane203[l + 4];
-                for (int l = 0; l < 2; l++) lane203[l] += lane203[l + 2];
-                for (int l = 0; l < 1; l++) lane203[l] += lane203[l + 1];
-                l199 = lane203[0];
-                for (int l = 0; l < 16; l++) lane204[l] += lane204[l + 16];
-                for (int l = 0; l < 8; l++) lane204[l] += lane204[l + 8];
-                for (int l = 0; l < 4; l++) lane204[l] += lane204[l + 4];
-                for (int l = 0; l < 2; l++) lane204[l] += lane204[l + 2];
-                for (int l = 0; l < 1; l++) lane204[l] += lane204[l + 1];
-                l201 = lane204[0];
-            }
-            const float v220 = l199;
-            l198 = v220;
-            const float v221 = l201;
-            l200 = v221;
-            const int64_t v222 = 1ll;
-            const int64_t v223 = 0ll;
-            const int64_t v224 = i197 + v222;
-            const int64_t v225 = d_N - v222;
-            const int64_t v226 = ((v224 < v225 || v224 != v224) ? v224 : v225);
-            const int64_t v227 = ((v226 > v223 || v226 != v226) ? v226 : v223);
-            {
-                int64_t r229 = v1;
-                int64_t e230 = r229 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i197] + r229] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e230 > d_D) e230 = d_D > r229 ? d_D : r229;
-                #pragma omp simd
-                for (int64_t i228 = r229; i228 < e230; i228++) {
-                    const float v231 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
-                    const float v232 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
+                for (int64_t i99 = r100; i99 < d_D; i99++) {
+                    const float v213 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i99]);
+                    const float v214 = opgen_bf16_to_f32(p_x[ro_x[v23] + i99]);
+                    const float v215 = v213 * v214;
+                    const float v216 = l24;
+                    const float v217 = v216 / v7;
+                    const float v218 = v217 + v8;
+                    const float v219 = 1.0f / sqrtf(v218);
+                    const float v220 = v215 * v219;
+                    l10[i99] += v220;
+                    const float v221 = opgen_bf16_to_f32(p_w[i99]);
+                    const float v222 = v213 * v221;
+                    const float v223 = v222 * v219;
+                    const float v224 = l26;
+                    const float v225 = v224 / v7;
+                    const float v226 = v225 * v219;
+                    const float v227 = v226 * v219;
+                    const float v228 = v227 * v219;
+                    const float v229 = v214 * v228;
+                    const float v230 = v223 - v229;
+                    p_grad_x[ro_grad_x[v23] + i99] = opgen_f32_to_bf16(v230);
+                    const float v231 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v29] + i99]);
+                    const float v232 = opgen_bf16_to_f32(p_x[ro_x[v29] + i99]);
                     const float v233 = v231 * v232;
-                    const float v234 = l198;
+                    const float v234 = l30;
                     const float v235 = v234 / v7;
                     const float v236 = v235 + v8;
                     const float v237 = 1.0f / sqrtf(v236);
                     const float v238 = v233 * v237;
-                    l10[i228] += v238;
-                    const float v239 = opgen_bf16_to_f32(p_w[i228]);
+                    l10[i99] += v238;
+                    const float v239 = opgen_bf16_to_f32(p_w[i99]);
                     const float v240 = v231 * v239;
                     const float v241 = v240 * v237;
-                    const float v242 = l200;
+                    const float v242 = l32;
                     const float v243 = v242 / v7;
                     const float v244 = v243 * v237;
                     const float v245 = v244 * v237;
                     const float v246 = v245 * v237;
                     const float v247 = v232 * v246;
                     const float v248 = v241 - v247;
-                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v248);
+                    p_grad_x[ro_grad_x[v29] + i99] = opgen_f32_to_bf16(v248);
                 }
-                r229 = e230;
-                for (; r229 + 32 <= d_D; r229 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i197] + r229, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v227] + r229, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v227] + r229, 0);
-                    _Alignas(64) float stg249[32];
-                    #pragma omp simd
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i228 = r229 + l; (void)i228;
-                        const float v250 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
-                        const float v251 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
-                        const float v252 = v250 * v251;
-                        const float v253 = l198;
-                        const float v254 = v253 / v7;
-                        const float v255 = v254 + v8;
-                        const float v256 = 1.0f / sqrtf(v255);
-                        const float v257 = v252 * v256;
-                        l10[i228] += v257;
-                        const float v258 = opgen_bf16_to_f32(p_w[i228]);
-                        const float v259 = v250 * v258;
-                        const float v260 = v259 * v256;
-                        const float v261 = l200;
-                        const float v262 = v261 / v7;
-                        const float v263 = v262 * v256;
-                        const float v264 = v263 * v256;
-                        const float v265 = v264 * v256;
-                        const float v266 = v251 * v265;
-                        const float v267 = v260 - v266;
-                        stg249[l] = v267;
+            }
+        }
+        for (int64_t i249 = v20; i249 < v13; i249++) {
+            float l250 = 0;
+            float l251 = 0;
+            float l252 = 0;
+            float l253 = 0;
+            {
+                float lane255[32];
+                for (int l = 0; l < 32; l++) lane255[l] = l ? 0 : l251;
+                float lane256[32];
+                for (int l = 0; l < 32; l++) lane256[l] = l ? 0 : l253;
+                int64_t r257 = v1;
+                for (; r257 + 32 <= d_D; r257 += 32) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i254 = r257 + 2 * l; (void)i254;
+                        const int64_t i258 = r257 + 2 * l + 1; (void)i258;
+                        const float v259 = opgen_bf16_first(&p_x[ro_x[i249] + i254]);
+                        const float v260 = opgen_bf16_second(&p_x[ro_x[i249] + i258]);
+                        const float v261 = v259 * v259;
+                        const float v262 = v260 * v260;
+                        lane255[l] += v261;
+                        lane255[l + 16] += v262;
+                        const float v263 = opgen_bf16_first(&p_grad_y[ro_grad_y[i249] + i254]);
+                        const float v264 = opgen_bf16_second(&p_grad_y[ro_grad_y[i249] + i258]);
+                        const float v265 = opgen_bf16_first(&p_w[i254]);
+                        const float v266 = opgen_bf16_second(&p_w[i258]);
+                        const float v267 = v263 * v265;
+                        const float v268 = v264 * v266;
+                        const float v269 = opgen_bf16_first(&p_x[ro_x[i249] + i254]);
+                        const float v270 = opgen_bf16_second(&p_x[ro_x[i249] + i258]);
+                        const float v271 = v267 * v269;
+                        const float v272 = v268 * v270;
+                        lane256[l] += v271;
+                        lane256[l + 16] += v272;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i197] + r229], 1, stg249, 32, nt_p_grad_x);
+                }
+                for (int l = 0; r257 + l < d_D; l++) {
+                    {
+                        const int64_t i254 = r257 + l;
+                        const float v273 = opgen_bf16_to_f32(p_x[ro_x[i249] + i254]);
+                        const float v274 = v273 * v273;
+                        lane255[l] += v274;
+                        const float v275 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i249] + i254]);
+                        const float v276 = opgen_bf16_to_f32(p_w[i254]);
+                        const float v277 = v275 * v276;
+                        const float v278 = opgen_bf16_to_f32(p_x[ro_x[i249] + i254]);
+                        const float v279 = v277 * v278;
+                        lane256[l] += v279;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane255[l] += lane255[l + 16];
+                for (int l = 0; l < 8; l++) lane255[l] += lane255[l + 8];
+                for (int l = 0; l < 4; l++) lane255[l] += lane255[l + 4];
+                for (int l = 0; l < 2; l++) lane255[l] += lane255[l + 2];
+                for (int l = 0; l < 1; l++) lane255[l] += lane255[l + 1];
+                l251 = lane255[0];
+                for (int l = 0; l < 16; l++) lane256[l] += lane256[l + 16];
+                for (int l = 0; l < 8; l++) lane256[l] += lane256[l + 8];
+                for (int l = 0; l < 4; l++) lane256[l] += lane256[l + 4];
+                for (int l = 0; l < 2; l++) lane256[l] += lane256[l + 2];
+                for (int l = 0; l < 1; l++) lane256[l] += lane256[l + 1];
+                l253 = lane256[0];
+            }
+            const float v280 = l251;
+            l250 = v280;
+            const float v281 = l253;
+            l252 = v281;
+            const int64_t v282 = 1ll;
+            const int64_t v283 = 0ll;
+            const int64_t v284 = i249 + v282;
+            const int64_t v285 = d_N - v282;
+            const int64_t v286 = ((v284 < v285 || v284 != v284) ? v284 : v285);
+            const int64_t v287 = ((v286 > v283 || v286 != v286) ? v286 : v283);
+            {
+                int64_t r289 = v1;
+                int64_t e290 = r289 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i249] + r289] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e290 > d_D) e290 = d_D > r289 ? d_D : r289;
+                #pragma omp simd
+                for (int64_t i288 = r289; i288 < e290; i288++) {
+                    const float v291 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i249] + i288]);
+                    const float v292 = opgen_bf16_to_f32(p_x[ro_x[i249] + i288]);
+                    const float v293 = v291 * v292;
+                    const float v294 = l250;
+                    const float v295 = v294 / v7;
+                    const float v296 = v295 + v8;
+                    const float v297 = 1.0f / sqrtf(v296);
+                    const float v298 = v293 * v297;
+                    l10[i288] += v298;
+                    const float v299 = opgen_bf16_to_f32(p_w[i288]);
+                    const float v300 = v291 * v299;
+                    const float v301 = v300 * v297;
+                    const float v302 = l252;
+                    const float v303 = v302 / v7;
+                    const float v304 = v303 * v297;
+                    const float v305 = v304 * v297;
+                    const float v306 = v305 * v297;
+                    const float v307 = v292 * v306;
+                    const float v308 = v301 - v307;
+                    p_grad_x[ro_grad_x[i249] + i288] = opgen_f32_to_bf16(v308);
+                }
+                r289 = e290;
+                for (; r289 + 32 <= d_D; r289 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i249] + r289, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v287] + r289, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v287] + r289, 0);
+                    _Alignas(64) float stg309[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i288 = r289 + 2 * l; (void)i288;
+                        const int64_t i310 = r289 + 2 * l + 1; (void)i310;
+                        const float v311 = opgen_bf16_first(&p_grad_y[ro_grad_y[i249] + i288]);
+                        const float v312 = opgen_bf16_second(&p_grad_y[ro_grad_y[i249] + i310]);
+                        const float v313 = opgen_bf16_first(&p_x[ro_x[i249] + i288]);
+                        const float v314 = opgen_bf16_second(&p_x[ro_x[i249] + i310]);
+                        const float v315 = v311 * v313;
+                        const float v316 = v312 * v314;
+                        const float v317 = l250;
+                        const float v318 = l250;
+                        const float v319 = v317 / v7;
+                        const float v320 = v318 / v7;
+                        const float v321 = v319 + v8;
+                        const float v322 = v320 + v8;
+                        const float v323 = 1.0f / sqrtf(v321);
+                        const float v324 = 1.0f / sqrtf(v322);
+                        const float v325 = v315 * v323;
+                        const float v326 = v316 * v324;
+                        l10[i288] += v325;
+                        l10[i310] += v326;
+                        const float v327 = opgen_bf16_first(&p_w[i288]);
+                        const float v328 = opgen_bf16_second(&p_w[i310]);
+                        const float v329 = v311 * v327;
+                        const float v330 = v312 * v328;
+                        const float v331 = v329 * v323;
+                        const float v332 = v330 * v324;
+                        const float v333 = l252;
+                        const float v334 = l252;
+                        const float v335 = v333 / v7;
+                        const float v336 = v334 / v7;
+                        const float v337 = v335 * v323;
+                        const float v338 = v336 * v324;
+                        const float v339 = v337 * v323;
+                        const float v340 = v338 * v324;
+                        const float v341 = v339 * v323;
+                        const float v342 = v340 * v324;
+                        const float v343 = v313 * v341;
+                        const float v344 = v314 * v342;
+                        const float v345 = v331 - v343;
+                        const float v346 = v332 - v344;
+                        stg309[l] = v345;
+                        stg309[l + 16] = v346;
+                    }
+                    opgen_bf16_store_strip_pairs(&p_grad_x[ro_grad_x[i249] + r289], 1, stg309, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i228 = r229; i228 < d_D; i228++) {
-                    const float v268 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i197] + i228]);
-                    const float v269 = opgen_bf16_to_f32(p_x[ro_x[i197] + i228]);
-                    const float v270 = v268 * v269;
-                    const float v271 = l198;
-                    const float v272 = v271 / v7;
-                    const float v273 = v272 + v8;
-                    const float v274 = 1.0f / sqrtf(v273);
-                    const float v275 = v270 * v274;
-                    l10[i228] += v275;
-                    const float v276 = opgen_bf16_to_f32(p_w[i228]);
-                    const float v277 = v268 * v276;
-                    const float v278 = v277 * v274;
-                    const float v279 = l200;
-                    const float v280 = v279 / v7;
-                    const float v281 = v280 * v274;
-                    const float v282 = v281 * v274;
-                    const float v283 = v282 * v274;
-                    const float v284 = v269 * v283;
-                    const float v285 = v278 - v284;
-                    p_grad_x[ro_grad_x[i197] + i228] = opgen_f32_to_bf16(v285);
+                for (int64_t i288 = r289; i288 < d_D; i288++) {
+                    const float v347 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i249] + i288]);
+                    const float v348 = opgen_bf16_to_f32(p_x[ro_x[i249] + i288]);
+                    const float v349 = v347 * v348;
+                    const float v350 = l250;
+                    const float v351 = v350 / v7;
+                    const float v352 = v351 + v8;
+                    const float v353 = 1.0f / sqrtf(v352);
+                    const float v354 = v349 * v353;
+                    l10[i288] += v354;
+                    const float v355 = opgen_bf16_to_f32(p_w[i288]);
+                    const float v356 = v347 * v355;
+                    const float v357 = v356 * v353;
+                    const float v358 = l252;
+                    const float v359 = v358 / v7;
+                    const float v360 = v359 * v353;
+                    const float v361 = v360 * v353;
+                    const float v362 = v361 * v353;
+                    const float v363 = v348 * v362;
+                    const float v364 = v357 - v363;
+                    p_grad_x[ro_grad_x[i249] + i288] = opgen_f32_to_bf16(v364);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i286 = v1; i286 < d_D; i286++) {
-            const float v287 = l10[i286];
-            t5[i9 * d_D + i286] = v287;
+        for (int64_t i365 = v1; i365 < d_D; i365++) {
+            const float v366 = l10[i365];
+            t5[i9 * d_D + i365] = v366;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v288 = 64ll;
-    const int64_t v289 = 0ll;
-    const int64_t v290 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v367 = 64ll;
+    const int64_t v368 = 0ll;
+    const int64_t v369 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i291 = v289; i291 < v290; i291++) {
-        const int64_t v292 = i291 * v288;
-        const int64_t v293 = d_D - v292;
-        const int64_t v294 = ((v288 < v293 || v288 != v288) ? v288 : v293);
-        float *restrict l295 = l295_base + (size_t)opgen_thread() * ((size_t)64ll);
-        opgen_zero(l295, sizeof(float) * (size_t)64ll);
-        const int64_t v296 = 8ll;
-        const int64_t v297 = 0ll;
-        const int64_t v298 = v4 - v1;
-        const int64_t v299 = ((v298 > v297 || v298 != v298) ? v298 : v297);
-        const int64_t v300 = (v296 == 0 ? (int64_t)0 : v296 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v299) : (int64_t)(v299 / v296));
-        const int64_t v301 = v300 * v296;
-        const int64_t v302 = v1 + v301;
-        for (int64_t i303 = v297; i303 < v300; i303++) {
-            const int64_t v304 = i303 * v296;
-            const int64_t v305 = v1 + v304;
-            const int64_t v306 = 1ll;
-            const int64_t v307 = v305 + v306;
-            const int64_t v308 = 2ll;
-            const int64_t v309 = v305 + v308;
-            const int64_t v310 = 3ll;
-            const int64_t v311 = v305 + v310;
-            const int64_t v312 = 4ll;
-            const int64_t v313 = v305 + v312;
-            const int64_t v314 = 5ll;
-            const int64_t v315 = v305 + v314;
-            const int64_t v316 = 6ll;
-            const int64_t v317 = v305 + v316;
-            const int64_t v318 = 7ll;
-            const int64_t v319 = v305 + v318;
+    for (int64_t i370 = v368; i370 < v369; i370++) {
+        const int64_t v371 = i370 * v367;
+        const int64_t v372 = d_D - v371;
+        const int64_t v373 = ((v367 < v372 || v367 != v367) ? v367 : v372);
+        float *restrict l374 = l374_base + (size_t)opgen_thread() * ((size_t)64ll);
+        opgen_zero(l374, sizeof(float) * (size_t)64ll);
+        const int64_t v375 = 8ll;
+        const int64_t v376 = 0ll;
+        const int64_t v377 = v4 - v1;
+        const int64_t v378 = ((v377 > v376 || v377 != v377) ? v377 : v376);
+        const int64_t v379 = (v375 == 0 ? (int64_t)0 : v375 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v378) : (int64_t)(v378 / v375));
+        const int64_t v380 = v379 * v375;
+        const int64_t v381 = v1 + v380;
+        for (int64_t i382 = v376; i382 < v379; i382++) {
+            const int64_t v383 = i382 * v375;
+            const int64_t v384 = v1 + v383;
+            const int64_t v385 = 1ll;
+            const int64_t v386 = v384 + v385;
+            const int64_t v387 = 2ll;
+            const int64_t v388 = v384 + v387;
+            const int64_t v389 = 3ll;
+            const int64_t v390 = v384 + v389;
+            const int64_t v391 = 4ll;
+            const int64_t v392 = v384 + v391;
+            const int64_t v393 = 5ll;
+            const int64_t v394 = v384 + v393;
+            const int64_t v395 = 6ll;
+            const int64_t v396 = v384 + v395;
+            const int64_t v397 = 7ll;
+            const int64_t v398 = v384 + v397;
             #pragma omp simd
-            for (int64_t i320 = v289; i320 < v294; i320++) {
-                const int64_t v321 = v292 + i320;
-                const float v322 = t5[v305 * d_D + v321];
-                l295[i320] += v322;
-                const int64_t v323 = v292 + i320;
-                const float v324 = t5[v307 * d_D + v323];
-                l295[i320] += v324;
-                const int64_t v325 = v292 + i320;
-                const float v326 = t5[v309 * d_D + v325];
-                l295[i320] += v326;
-                const int64_t v327 = v292 + i320;
-                const float v328 = t5[v311 * d_D + v327];
-                l295[i320] += v328;
-                const int64_t v329 = v292 + i320;
-                const float v330 = t5[v313 * d_D + v329];
-                l295[i320] += v330;
-                const int64_t v331 = v292 + i320;
-                const float v332 = t5[v315 * d_D + v331];
-                l295[i320] += v332;
-                const int64_t v333 = v292 + i320;
-                const float v334 = t5[v317 * d_D + v333];
-                l295[i320] += v334;
-                const int64_t v335 = v292 + i320;
-                const float v336 = t5[v319 * d_D + v335];
-                l295[i320] += v336;
+            for (int64_t i399 = v368; i399 < v373; i399++) {
+                const int64_t v400 = v371 + i399;
+                const float v401 = t5[v384 * d_D + v400];
+                l374[i399] += v401;
+                const int64_t v402 = v371 + i399;
+                const float v403 = t5[v386 * d_D + v402];
+                l374[i399] += v403;
+                const int64_t v404 = v371 + i399;
+                const float v405 = t5[v388 * d_D + v404];
+                l374[i399] += v405;
+                const int64_t v406 = v371 + i399;
+                const float v407 = t5[v390 * d_D + v406];
+                l374[i399] += v407;
+                const int64_t v408 = v371 + i399;
+                const float v409 = t5[v392 * d_D + v408];
+                l374[i399] += v409;
+                const int64_t v410 = v371 + i399;
+                const float v411 = t5[v394 * d_D + v410];
+                l374[i399] += v411;
+                const int64_t v412 = v371 + i399;
+                const float v413 = t5[v396 * d_D + v412];
+                l374[i399] += v413;
+                const int64_t v414 = v371 + i399;
+                const float v415 = t5[v398 * d_D + v414];
+                l374[i399] += v415;
             }
         }
-        for (int64_t i337 = v302; i337 < v4; i337++) {
+        for (int64_t i416 = v381; i416 < v4; i416++) {
             #pragma omp simd
-            for (int64_t i338 = v289; i338 < v294; i338++) {
-                const int64_t v339 = v292 + i338;
-                const float v340 = t5[i337 * d_D + v339];
-                l295[i338] += v340;
+            for (int64_t i417 = v368; i417 < v373; i417++) {
+                const int64_t v418 = v371 + i417;
+                const float v419 = t5[i416 * d_D + v418];
+                l374[i417] += v419;
             }
         }
-        for (int64_t i341 = v289; i341 < v294; i341++) {
-            const int64_t v342 = v292 + i341;
-            const float v343 = l295[i341];
-            p_grad_w[v342] = opgen_f32_to_bf16(v343);
+        for (int64_t i420 = v368; i420 < v373; i420++) {
+            const int64_t v421 = v371 + i420;
+            const float v422 = l374[i420];
+            p_grad_w[v421] = opgen_f32_to_bf16(v422);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -1162,358 +1162,362 @@ builtin.module {
                 scf.for %112 = %3 to %111 step %6 {
                   %113 = arith.index_cast %112 : index to i64
                   %114 = arith.addi %110, %113 : i64
-                  %115 = arith.index_cast %66 : i64 to index
-                  %116 = arith.index_cast %114 : i64 to index
-                  %117 = memref.load %x[%115, %116] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %118 = arith.extf %117 : bf16 to f32
-                  %119 = arith.mulf %118, %118 : f32
-                  %120 = memref.load %71[%112] : memref<32xf32>
-                  %121 = arith.addf %120, %119 : f32
-                  memref.store %121, %71[%112] : memref<32xf32>
-                  %122 = memref.load %grad_y[%115, %116] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %123 = arith.extf %122 : bf16 to f32
-                  %124 = memref.load %w[%116] : memref<?xbf16, strided<[?], offset: ?>>
-                  %125 = arith.extf %124 : bf16 to f32
-                  %126 = arith.mulf %123, %125 : f32
-                  %127 = memref.load %x[%115, %116] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %128 = arith.extf %127 : bf16 to f32
-                  %129 = arith.mulf %126, %128 : f32
-                  %130 = memref.load %103[%112] : memref<32xf32>
-                  %131 = arith.addf %130, %129 : f32
-                  memref.store %131, %103[%112] : memref<32xf32>
+                  %115 = arith.andi %112, %6 : index
+                  %116 = arith.shrui %112, %6 : index
+                  %117 = arith.muli %115, %87 : index
+                  %118 = arith.addi %116, %117 : index
+                  %119 = arith.index_cast %66 : i64 to index
+                  %120 = arith.index_cast %114 : i64 to index
+                  %121 = memref.load %x[%119, %120] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %122 = arith.extf %121 : bf16 to f32
+                  %123 = arith.mulf %122, %122 : f32
+                  %124 = memref.load %71[%118] : memref<32xf32>
+                  %125 = arith.addf %124, %123 : f32
+                  memref.store %125, %71[%118] : memref<32xf32>
+                  %126 = memref.load %grad_y[%119, %120] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %127 = arith.extf %126 : bf16 to f32
+                  %128 = memref.load %w[%120] : memref<?xbf16, strided<[?], offset: ?>>
+                  %129 = arith.extf %128 : bf16 to f32
+                  %130 = arith.mulf %127, %129 : f32
+                  %131 = memref.load %x[%119, %120] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %132 = arith.extf %131 : bf16 to f32
+                  %133 = arith.mulf %130, %132 : f32
+                  %134 = memref.load %103[%118] : memref<32xf32>
+                  %135 = arith.addf %134, %133 : f32
+                  memref.store %135, %103[%118] : memref<32xf32>
                 }
               }
-              %132 = arith.subi %8, %109 : i64
-              %133 = arith.index_cast %132 : i64 to index
-              scf.for %134 = %3 to %133 step %6 {
-                %135 = arith.index_cast %134 : index to i64
-                %136 = arith.addi %109, %135 : i64
-                %137 = arith.index_cast %66 : i64 to index
-                %138 = arith.index_cast %136 : i64 to index
-                %139 = memref.load %x[%137, %138] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %140 = arith.extf %139 : bf16 to f32
-                %141 = arith.mulf %140, %140 : f32
-                %142 = memref.load %71[%134] : memref<32xf32>
-                %143 = arith.addf %142, %141 : f32
-                memref.store %143, %71[%134] : memref<32xf32>
-                %144 = memref.load %grad_y[%137, %138] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %145 = arith.extf %144 : bf16 to f32
-                %146 = memref.load %w[%138] : memref<?xbf16, strided<[?], offset: ?>>
-                %147 = arith.extf %146 : bf16 to f32
-                %148 = arith.mulf %145, %147 : f32
-                %149 = memref.load %x[%137, %138] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %150 = arith.extf %149 : bf16 to f32
-                %151 = arith.mulf %148, %150 : f32
-                %152 = memref.load %103[%134] : memref<32xf32>
-                %153 = arith.addf %152, %151 : f32
-                memref.store %153, %103[%134] : memref<32xf32>
+              %136 = arith.subi %8, %109 : i64
+              %137 = arith.index_cast %136 : i64 to index
+              scf.for %138 = %3 to %137 step %6 {
+                %139 = arith.index_cast %138 : index to i64
+                %140 = arith.addi %109, %139 : i64
+                %141 = arith.index_cast %66 : i64 to index
+                %142 = arith.index_cast %140 : i64 to index
+                %143 = memref.load %x[%141, %142] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %144 = arith.extf %143 : bf16 to f32
+                %145 = arith.mulf %144, %144 : f32
+                %146 = memref.load %71[%138] : memref<32xf32>
+                %147 = arith.addf %146, %145 : f32
+                memref.store %147, %71[%138] : memref<32xf32>
+                %148 = memref.load %grad_y[%141, %142] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %149 = arith.extf %148 : bf16 to f32
+                %150 = memref.load %w[%142] : memref<?xbf16, strided<[?], offset: ?>>
+                %151 = arith.extf %150 : bf16 to f32
+                %152 = arith.mulf %149, %151 : f32
+                %153 = memref.load %x[%141, %142] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %154 = arith.extf %153 : bf16 to f32
+                %155 = arith.mulf %152, %154 : f32
+                %156 = memref.load %103[%138] : memref<32xf32>
+                %157 = arith.addf %156, %155 : f32
+                memref.store %157, %103[%138] : memref<32xf32>
               }
-              %154 = memref.load %71[%3] : memref<32xf32>
-              %155 = memref.load %71[%87] : memref<32xf32>
-              %156 = arith.addf %154, %155 : f32
-              memref.store %156, %71[%3] : memref<32xf32>
-              %157 = memref.load %71[%6] : memref<32xf32>
-              %158 = memref.load %71[%88] : memref<32xf32>
-              %159 = arith.addf %157, %158 : f32
-              memref.store %159, %71[%6] : memref<32xf32>
-              %160 = memref.load %71[%73] : memref<32xf32>
-              %161 = memref.load %71[%89] : memref<32xf32>
-              %162 = arith.addf %160, %161 : f32
-              memref.store %162, %71[%73] : memref<32xf32>
-              %163 = memref.load %71[%74] : memref<32xf32>
-              %164 = memref.load %71[%90] : memref<32xf32>
-              %165 = arith.addf %163, %164 : f32
-              memref.store %165, %71[%74] : memref<32xf32>
-              %166 = memref.load %71[%75] : memref<32xf32>
-              %167 = memref.load %71[%91] : memref<32xf32>
-              %168 = arith.addf %166, %167 : f32
-              memref.store %168, %71[%75] : memref<32xf32>
-              %169 = memref.load %71[%76] : memref<32xf32>
-              %170 = memref.load %71[%92] : memref<32xf32>
-              %171 = arith.addf %169, %170 : f32
-              memref.store %171, %71[%76] : memref<32xf32>
-              %172 = memref.load %71[%77] : memref<32xf32>
-              %173 = memref.load %71[%93] : memref<32xf32>
-              %174 = arith.addf %172, %173 : f32
-              memref.store %174, %71[%77] : memref<32xf32>
-              %175 = memref.load %71[%78] : memref<32xf32>
-              %176 = memref.load %71[%94] : memref<32xf32>
-              %177 = arith.addf %175, %176 : f32
-              memref.store %177, %71[%78] : memref<32xf32>
-              %178 = memref.load %71[%79] : memref<32xf32>
-              %179 = memref.load %71[%95] : memref<32xf32>
-              %180 = arith.addf %178, %179 : f32
-              memref.store %180, %71[%79] : memref<32xf32>
-              %181 = memref.load %71[%80] : memref<32xf32>
-              %182 = memref.load %71[%96] : memref<32xf32>
-              %183 = arith.addf %181, %182 : f32
-              memref.store %183, %71[%80] : memref<32xf32>
-              %184 = memref.load %71[%81] : memref<32xf32>
-              %185 = memref.load %71[%97] : memref<32xf32>
-              %186 = arith.addf %184, %185 : f32
-              memref.store %186, %71[%81] : memref<32xf32>
-              %187 = memref.load %71[%82] : memref<32xf32>
-              %188 = memref.load %71[%98] : memref<32xf32>
-              %189 = arith.addf %187, %188 : f32
-              memref.store %189, %71[%82] : memref<32xf32>
-              %190 = memref.load %71[%83] : memref<32xf32>
-              %191 = memref.load %71[%99] : memref<32xf32>
-              %192 = arith.addf %190, %191 : f32
-              memref.store %192, %71[%83] : memref<32xf32>
-              %193 = memref.load %71[%84] : memref<32xf32>
-              %194 = memref.load %71[%100] : memref<32xf32>
-              %195 = arith.addf %193, %194 : f32
-              memref.store %195, %71[%84] : memref<32xf32>
-              %196 = memref.load %71[%85] : memref<32xf32>
-              %197 = memref.load %71[%101] : memref<32xf32>
-              %198 = arith.addf %196, %197 : f32
-              memref.store %198, %71[%85] : memref<32xf32>
-              %199 = memref.load %71[%86] : memref<32xf32>
-              %200 = memref.load %71[%102] : memref<32xf32>
-              %201 = arith.addf %199, %200 : f32
-              memref.store %201, %71[%86] : memref<32xf32>
-              %202 = memref.load %71[%3] : memref<32xf32>
-              %203 = memref.load %71[%79] : memref<32xf32>
-              %204 = arith.addf %202, %203 : f32
-              memref.store %204, %71[%3] : memref<32xf32>
-              %205 = memref.load %71[%6] : memref<32xf32>
-              %206 = memref.load %71[%80] : memref<32xf32>
-              %207 = arith.addf %205, %206 : f32
-              memref.store %207, %71[%6] : memref<32xf32>
-              %208 = memref.load %71[%73] : memref<32xf32>
-              %209 = memref.load %71[%81] : memref<32xf32>
-              %210 = arith.addf %208, %209 : f32
-              memref.store %210, %71[%73] : memref<32xf32>
-              %211 = memref.load %71[%74] : memref<32xf32>
-              %212 = memref.load %71[%82] : memref<32xf32>
-              %213 = arith.addf %211, %212 : f32
-              memref.store %213, %71[%74] : memref<32xf32>
-              %214 = memref.load %71[%75] : memref<32xf32>
-              %215 = memref.load %71[%83] : memref<32xf32>
-              %216 = arith.addf %214, %215 : f32
-              memref.store %216, %71[%75] : memref<32xf32>
-              %217 = memref.load %71[%76] : memref<32xf32>
-              %218 = memref.load %71[%84] : memref<32xf32>
-              %219 = arith.addf %217, %218 : f32
-              memref.store %219, %71[%76] : memref<32xf32>
-              %220 = memref.load %71[%77] : memref<32xf32>
-              %221 = memref.load %71[%85] : memref<32xf32>
-              %222 = arith.addf %220, %221 : f32
-              memref.store %222, %71[%77] : memref<32xf32>
-              %223 = memref.load %71[%78] : memref<32xf32>
-              %224 = memref.load %71[%86] : memref<32xf32>
-              %225 = arith.addf %223, %224 : f32
-              memref.store %225, %71[%78] : memref<32xf32>
-              %226 = memref.load %71[%3] : memref<32xf32>
-              %227 = memref.load %71[%75] : memref<32xf32>
-              %228 = arith.addf %226, %227 : f32
-              memref.store %228, %71[%3] : memref<32xf32>
-              %229 = memref.load %71[%6] : memref<32xf32>
-              %230 = memref.load %71[%76] : memref<32xf32>
-              %231 = arith.addf %229, %230 : f32
-              memref.store %231, %71[%6] : memref<32xf32>
-              %232 = memref.load %71[%73] : memref<32xf32>
-              %233 = memref.load %71[%77] : memref<32xf32>
-              %234 = arith.addf %232, %233 : f32
-              memref.store %234, %71[%73] : memref<32xf32>
-              %235 = memref.load %71[%74] : memref<32xf32>
-              %236 = memref.load %71[%78] : memref<32xf32>
-              %237 = arith.addf %235, %236 : f32
-              memref.store %237, %71[%74] : memref<32xf32>
-              %238 = memref.load %71[%3] : memref<32xf32>
-              %239 = memref.load %71[%73] : memref<32xf32>
-              %240 = arith.addf %238, %239 : f32
-              memref.store %240, %71[%3] : memref<32xf32>
-              %241 = memref.load %71[%6] : memref<32xf32>
-              %242 = memref.load %71[%74] : memref<32xf32>
-              %243 = arith.addf %241, %242 : f32
-              memref.store %243, %71[%6] : memref<32xf32>
-              %244 = memref.load %71[%3] : memref<32xf32>
+              %158 = memref.load %71[%3] : memref<32xf32>
+              %159 = memref.load %71[%87] : memref<32xf32>
+              %160 = arith.addf %158, %159 : f32
+              memref.store %160, %71[%3] : memref<32xf32>
+              %161 = memref.load %71[%6] : memref<32xf32>
+              %162 = memref.load %71[%88] : memref<32xf32>
+              %163 = arith.addf %161, %162 : f32
+              memref.store %163, %71[%6] : memref<32xf32>
+              %164 = memref.load %71[%73] : memref<32xf32>
+              %165 = memref.load %71[%89] : memref<32xf32>
+              %166 = arith.addf %164, %165 : f32
+              memref.store %166, %71[%73] : memref<32xf32>
+              %167 = memref.load %71[%74] : memref<32xf32>
+              %168 = memref.load %71[%90] : memref<32xf32>
+              %169 = arith.addf %167, %168 : f32
+              memref.store %169, %71[%74] : memref<32xf32>
+              %170 = memref.load %71[%75] : memref<32xf32>
+              %171 = memref.load %71[%91] : memref<32xf32>
+              %172 = arith.addf %170, %171 : f32
+              memref.store %172, %71[%75] : memref<32xf32>
+              %173 = memref.load %71[%76] : memref<32xf32>
+              %174 = memref.load %71[%92] : memref<32xf32>
+              %175 = arith.addf %173, %174 : f32
+              memref.store %175, %71[%76] : memref<32xf32>
+              %176 = memref.load %71[%77] : memref<32xf32>
+              %177 = memref.load %71[%93] : memref<32xf32>
+              %178 = arith.addf %176, %177 : f32
+              memref.store %178, %71[%77] : memref<32xf32>
+              %179 = memref.load %71[%78] : memref<32xf32>
+              %180 = memref.load %71[%94] : memref<32xf32>
+              %181 = arith.addf %179, %180 : f32
+              memref.store %181, %71[%78] : memref<32xf32>
+              %182 = memref.load %71[%79] : memref<32xf32>
+              %183 = memref.load %71[%95] : memref<32xf32>
+              %184 = arith.addf %182, %183 : f32
+              memref.store %184, %71[%79] : memref<32xf32>
+              %185 = memref.load %71[%80] : memref<32xf32>
+              %186 = memref.load %71[%96] : memref<32xf32>
+              %187 = arith.addf %185, %186 : f32
+              memref.store %187, %71[%80] : memref<32xf32>
+              %188 = memref.load %71[%81] : memref<32xf32>
+              %189 = memref.load %71[%97] : memref<32xf32>
+              %190 = arith.addf %188, %189 : f32
+              memref.store %190, %71[%81] : memref<32xf32>
+              %191 = memref.load %71[%82] : memref<32xf32>
+              %192 = memref.load %71[%98] : memref<32xf32>
+              %193 = arith.addf %191, %192 : f32
+              memref.store %193, %71[%82] : memref<32xf32>
+              %194 = memref.load %71[%83] : memref<32xf32>
+              %195 = memref.load %71[%99] : memref<32xf32>
+              %196 = arith.addf %194, %195 : f32
+              memref.store %196, %71[%83] : memref<32xf32>
+              %197 = memref.load %71[%84] : memref<32xf32>
+              %198 = memref.load %71[%100] : memref<32xf32>
+              %199 = arith.addf %197, %198 : f32
+              memref.store %199, %71[%84] : memref<32xf32>
+              %200 = memref.load %71[%85] : memref<32xf32>
+              %201 = memref.load %71[%101] : memref<32xf32>
+              %202 = arith.addf %200, %201 : f32
+              memref.store %202, %71[%85] : memref<32xf32>
+              %203 = memref.load %71[%86] : memref<32xf32>
+              %204 = memref.load %71[%102] : memref<32xf32>
+              %205 = arith.addf %203, %204 : f32
+              memref.store %205, %71[%86] : memref<32xf32>
+              %206 = memref.load %71[%3] : memref<32xf32>
+              %207 = memref.load %71[%79] : memref<32xf32>
+              %208 = arith.addf %206, %207 : f32
+              memref.store %208, %71[%3] : memref<32xf32>
+              %209 = memref.load %71[%6] : memref<32xf32>
+              %210 = memref.load %71[%80] : memref<32xf32>
+              %211 = arith.addf %209, %210 : f32
+              memref.store %211, %71[%6] : memref<32xf32>
+              %212 = memref.load %71[%73] : memref<32xf32>
+              %213 = memref.load %71[%81] : memref<32xf32>
+              %214 = arith.addf %212, %213 : f32
+              memref.store %214, %71[%73] : memref<32xf32>
+              %215 = memref.load %71[%74] : memref<32xf32>
+              %216 = memref.load %71[%82] : memref<32xf32>
+              %217 = arith.addf %215, %216 : f32
+              memref.store %217, %71[%74] : memref<32xf32>
+              %218 = memref.load %71[%75] : memref<32xf32>
+              %219 = memref.load %71[%83] : memref<32xf32>
+              %220 = arith.addf %218, %219 : f32
+              memref.store %220, %71[%75] : memref<32xf32>
+              %221 = memref.load %71[%76] : memref<32xf32>
+              %222 = memref.load %71[%84] : memref<32xf32>
+              %223 = arith.addf %221, %222 : f32
+              memref.store %223, %71[%76] : memref<32xf32>
+              %224 = memref.load %71[%77] : memref<32xf32>
+              %225 = memref.load %71[%85] : memref<32xf32>
+              %226 = arith.addf %224, %225 : f32
+              memref.store %226, %71[%77] : memref<32xf32>
+              %227 = memref.load %71[%78] : memref<32xf32>
+              %228 = memref.load %71[%86] : memref<32xf32>
+              %229 = arith.addf %227, %228 : f32
+              memref.store %229, %71[%78] : memref<32xf32>
+              %230 = memref.load %71[%3] : memref<32xf32>
+              %231 = memref.load %71[%75] : memref<32xf32>
+              %232 = arith.addf %230, %231 : f32
+              memref.store %232, %71[%3] : memref<32xf32>
+              %233 = memref.load %71[%6] : memref<32xf32>
+              %234 = memref.load %71[%76] : memref<32xf32>
+              %235 = arith.addf %233, %234 : f32
+              memref.store %235, %71[%6] : memref<32xf32>
+              %236 = memref.load %71[%73] : memref<32xf32>
+              %237 = memref.load %71[%77] : memref<32xf32>
+              %238 = arith.addf %236, %237 : f32
+              memref.store %238, %71[%73] : memref<32xf32>
+              %239 = memref.load %71[%74] : memref<32xf32>
+              %240 = memref.load %71[%78] : memref<32xf32>
+              %241 = arith.addf %239, %240 : f32
+              memref.store %241, %71[%74] : memref<32xf32>
+              %242 = memref.load %71[%3] : memref<32xf32>
+              %243 = memref.load %71[%73] : memref<32xf32>
+              %244 = arith.addf %242, %243 : f32
+              memref.store %244, %71[%3] : memref<32xf32>
               %245 = memref.load %71[%6] : memref<32xf32>
-              %246 = arith.addf %244, %245 : f32
-              memref.store %246, %71[%3] : memref<32xf32>
-              %247 = memref.load %71[%3] : memref<32xf32>
-              memref.store %247, %68[] : memref<f32>
-              %248 = memref.load %103[%3] : memref<32xf32>
-              %249 = memref.load %103[%87] : memref<32xf32>
+              %246 = memref.load %71[%74] : memref<32xf32>
+              %247 = arith.addf %245, %246 : f32
+              memref.store %247, %71[%6] : memref<32xf32>
+              %248 = memref.load %71[%3] : memref<32xf32>
+              %249 = memref.load %71[%6] : memref<32xf32>
               %250 = arith.addf %248, %249 : f32
-              memref.store %250, %103[%3] : memref<32xf32>
-              %251 = memref.load %103[%6] : memref<32xf32>
-              %252 = memref.load %103[%88] : memref<32xf32>
-              %253 = arith.addf %251, %252 : f32
-              memref.store %253, %103[%6] : memref<32xf32>
-              %254 = memref.load %103[%73] : memref<32xf32>
-              %255 = memref.load %103[%89] : memref<32xf32>
-              %256 = arith.addf %254, %255 : f32
-              memref.store %256, %103[%73] : memref<32xf32>
-              %257 = memref.load %103[%74] : memref<32xf32>
-              %258 = memref.load %103[%90] : memref<32xf32>
-              %259 = arith.addf %257, %258 : f32
-              memref.store %259, %103[%74] : memref<32xf32>
-              %260 = memref.load %103[%75] : memref<32xf32>
-              %261 = memref.load %103[%91] : memref<32xf32>
-              %262 = arith.addf %260, %261 : f32
-              memref.store %262, %103[%75] : memref<32xf32>
-              %263 = memref.load %103[%76] : memref<32xf32>
-              %264 = memref.load %103[%92] : memref<32xf32>
-              %265 = arith.addf %263, %264 : f32
-              memref.store %265, %103[%76] : memref<32xf32>
-              %266 = memref.load %103[%77] : memref<32xf32>
-              %267 = memref.load %103[%93] : memref<32xf32>
-              %268 = arith.addf %266, %267 : f32
-              memref.store %268, %103[%77] : memref<32xf32>
-              %269 = memref.load %103[%78] : memref<32xf32>
-              %270 = memref.load %103[%94] : memref<32xf32>
-              %271 = arith.addf %269, %270 : f32
-              memref.store %271, %103[%78] : memref<32xf32>
-              %272 = memref.load %103[%79] : memref<32xf32>
-              %273 = memref.load %103[%95] : memref<32xf32>
-              %274 = arith.addf %272, %273 : f32
-              memref.store %274, %103[%79] : memref<32xf32>
-              %275 = memref.load %103[%80] : memref<32xf32>
-              %276 = memref.load %103[%96] : memref<32xf32>
-              %277 = arith.addf %275, %276 : f32
-              memref.store %277, %103[%80] : memref<32xf32>
-              %278 = memref.load %103[%81] : memref<32xf32>
-              %279 = memref.load %103[%97] : memref<32xf32>
-              %280 = arith.addf %278, %279 : f32
-              memref.store %280, %103[%81] : memref<32xf32>
-              %281 = memref.load %103[%82] : memref<32xf32>
-              %282 = memref.load %103[%98] : memref<32xf32>
-              %283 = arith.addf %281, %282 : f32
-              memref.store %283, %103[%82] : memref<32xf32>
-              %284 = memref.load %103[%83] : memref<32xf32>
-              %285 = memref.load %103[%99] : memref<32xf32>
-              %286 = arith.addf %284, %285 : f32
-              memref.store %286, %103[%83] : memref<32xf32>
-              %287 = memref.load %103[%84] : memref<32xf32>
-              %288 = memref.load %103[%100] : memref<32xf32>
-              %289 = arith.addf %287, %288 : f32
-              memref.store %289, %103[%84] : memref<32xf32>
-              %290 = memref.load %103[%85] : memref<32xf32>
-              %291 = memref.load %103[%101] : memref<32xf32>
-              %292 = arith.addf %290, %291 : f32
-              memref.store %292, %103[%85] : memref<32xf32>
-              %293 = memref.load %103[%86] : memref<32xf32>
-              %294 = memref.load %103[%102] : memref<32xf32>
-              %295 = arith.addf %293, %294 : f32
-              memref.store %295, %103[%86] : memref<32xf32>
-              %296 = memref.load %103[%3] : memref<32xf32>
-              %297 = memref.load %103[%79] : memref<32xf32>
-              %298 = arith.addf %296, %297 : f32
-              memref.store %298, %103[%3] : memref<32xf32>
-              %299 = memref.load %103[%6] : memref<32xf32>
-              %300 = memref.load %103[%80] : memref<32xf32>
-              %301 = arith.addf %299, %300 : f32
-              memref.store %301, %103[%6] : memref<32xf32>
-              %302 = memref.load %103[%73] : memref<32xf32>
-              %303 = memref.load %103[%81] : memref<32xf32>
-              %304 = arith.addf %302, %303 : f32
-              memref.store %304, %103[%73] : memref<32xf32>
-              %305 = memref.load %103[%74] : memref<32xf32>
-              %306 = memref.load %103[%82] : memref<32xf32>
-              %307 = arith.addf %305, %306 : f32
-              memref.store %307, %103[%74] : memref<32xf32>
-              %308 = memref.load %103[%75] : memref<32xf32>
-              %309 = memref.load %103[%83] : memref<32xf32>
-              %310 = arith.addf %308, %309 : f32
-              memref.store %310, %103[%75] : memref<32xf32>
-              %311 = memref.load %103[%76] : memref<32xf32>
-              %312 = memref.load %103[%84] : memref<32xf32>
-              %313 = arith.addf %311, %312 : f32
-              memref.store %313, %103[%76] : memref<32xf32>
-              %314 = memref.load %103[%77] : memref<32xf32>
-              %315 = memref.load %103[%85] : memref<32xf32>
-              %316 = arith.addf %314, %315 : f32
-              memref.store %316, %103[%77] : memref<32xf32>
-              %317 = memref.load %103[%78] : memref<32xf32>
-              %318 = memref.load %103[%86] : memref<32xf32>
-              %319 = arith.addf %317, %318 : f32
-              memref.store %319, %103[%78] : memref<32xf32>
-              %320 = memref.load %103[%3] : memref<32xf32>
-              %321 = memref.load %103[%75] : memref<32xf32>
-              %322 = arith.addf %320, %321 : f32
-              memref.store %322, %103[%3] : memref<32xf32>
-              %323 = memref.load %103[%6] : memref<32xf32>
-              %324 = memref.load %103[%76] : memref<32xf32>
-              %325 = arith.addf %323, %324 : f32
-              memref.store %325, %103[%6] : memref<32xf32>
-              %326 = memref.load %103[%73] : memref<32xf32>
-              %327 = memref.load %103[%77] : memref<32xf32>
-              %328 = arith.addf %326, %327 : f32
-              memref.store %328, %103[%73] : memref<32xf32>
-              %329 = memref.load %103[%74] : memref<32xf32>
-              %330 = memref.load %103[%78] : memref<32xf32>
-              %331 = arith.addf %329, %330 : f32
-              memref.store %331, %103[%74] : memref<32xf32>
-              %332 = memref.load %103[%3] : memref<32xf32>
-              %333 = memref.load %103[%73] : memref<32xf32>
-              %334 = arith.addf %332, %333 : f32
-              memref.store %334, %103[%3] : memref<32xf32>
-              %335 = memref.load %103[%6] : memref<32xf32>
-              %336 = memref.load %103[%74] : memref<32xf32>
-              %337 = arith.addf %335, %336 : f32
-              memref.store %337, %103[%6] : memref<32xf32>
-              %338 = memref.load %103[%3] : memref<32xf32>
+              memref.store %250, %71[%3] : memref<32xf32>
+              %251 = memref.load %71[%3] : memref<32xf32>
+              memref.store %251, %68[] : memref<f32>
+              %252 = memref.load %103[%3] : memref<32xf32>
+              %253 = memref.load %103[%87] : memref<32xf32>
+              %254 = arith.addf %252, %253 : f32
+              memref.store %254, %103[%3] : memref<32xf32>
+              %255 = memref.load %103[%6] : memref<32xf32>
+              %256 = memref.load %103[%88] : memref<32xf32>
+              %257 = arith.addf %255, %256 : f32
+              memref.store %257, %103[%6] : memref<32xf32>
+              %258 = memref.load %103[%73] : memref<32xf32>
+              %259 = memref.load %103[%89] : memref<32xf32>
+              %260 = arith.addf %258, %259 : f32
+              memref.store %260, %103[%73] : memref<32xf32>
+              %261 = memref.load %103[%74] : memref<32xf32>
+              %262 = memref.load %103[%90] : memref<32xf32>
+              %263 = arith.addf %261, %262 : f32
+              memref.store %263, %103[%74] : memref<32xf32>
+              %264 = memref.load %103[%75] : memref<32xf32>
+              %265 = memref.load %103[%91] : memref<32xf32>
+              %266 = arith.addf %264, %265 : f32
+              memref.store %266, %103[%75] : memref<32xf32>
+              %267 = memref.load %103[%76] : memref<32xf32>
+              %268 = memref.load %103[%92] : memref<32xf32>
+              %269 = arith.addf %267, %268 : f32
+              memref.store %269, %103[%76] : memref<32xf32>
+              %270 = memref.load %103[%77] : memref<32xf32>
+              %271 = memref.load %103[%93] : memref<32xf32>
+              %272 = arith.addf %270, %271 : f32
+              memref.store %272, %103[%77] : memref<32xf32>
+              %273 = memref.load %103[%78] : memref<32xf32>
+              %274 = memref.load %103[%94] : memref<32xf32>
+              %275 = arith.addf %273, %274 : f32
+              memref.store %275, %103[%78] : memref<32xf32>
+              %276 = memref.load %103[%79] : memref<32xf32>
+              %277 = memref.load %103[%95] : memref<32xf32>
+              %278 = arith.addf %276, %277 : f32
+              memref.store %278, %103[%79] : memref<32xf32>
+              %279 = memref.load %103[%80] : memref<32xf32>
+              %280 = memref.load %103[%96] : memref<32xf32>
+              %281 = arith.addf %279, %280 : f32
+              memref.store %281, %103[%80] : memref<32xf32>
+              %282 = memref.load %103[%81] : memref<32xf32>
+              %283 = memref.load %103[%97] : memref<32xf32>
+              %284 = arith.addf %282, %283 : f32
+              memref.store %284, %103[%81] : memref<32xf32>
+              %285 = memref.load %103[%82] : memref<32xf32>
+              %286 = memref.load %103[%98] : memref<32xf32>
+              %287 = arith.addf %285, %286 : f32
+              memref.store %287, %103[%82] : memref<32xf32>
+              %288 = memref.load %103[%83] : memref<32xf32>
+              %289 = memref.load %103[%99] : memref<32xf32>
+              %290 = arith.addf %288, %289 : f32
+              memref.store %290, %103[%83] : memref<32xf32>
+              %291 = memref.load %103[%84] : memref<32xf32>
+              %292 = memref.load %103[%100] : memref<32xf32>
+              %293 = arith.addf %291, %292 : f32
+              memref.store %293, %103[%84] : memref<32xf32>
+              %294 = memref.load %103[%85] : memref<32xf32>
+              %295 = memref.load %103[%101] : memref<32xf32>
+              %296 = arith.addf %294, %295 : f32
+              memref.store %296, %103[%85] : memref<32xf32>
+              %297 = memref.load %103[%86] : memref<32xf32>
+              %298 = memref.load %103[%102] : memref<32xf32>
+              %299 = arith.addf %297, %298 : f32
+              memref.store %299, %103[%86] : memref<32xf32>
+              %300 = memref.load %103[%3] : memref<32xf32>
+              %301 = memref.load %103[%79] : memref<32xf32>
+              %302 = arith.addf %300, %301 : f32
+              memref.store %302, %103[%3] : memref<32xf32>
+              %303 = memref.load %103[%6] : memref<32xf32>
+              %304 = memref.load %103[%80] : memref<32xf32>
+              %305 = arith.addf %303, %304 : f32
+              memref.store %305, %103[%6] : memref<32xf32>
+              %306 = memref.load %103[%73] : memref<32xf32>
+              %307 = memref.load %103[%81] : memref<32xf32>
+              %308 = arith.addf %306, %307 : f32
+              memref.store %308, %103[%73] : memref<32xf32>
+              %309 = memref.load %103[%74] : memref<32xf32>
+              %310 = memref.load %103[%82] : memref<32xf32>
+              %311 = arith.addf %309, %310 : f32
+              memref.store %311, %103[%74] : memref<32xf32>
+              %312 = memref.load %103[%75] : memref<32xf32>
+              %313 = memref.load %103[%83] : memref<32xf32>
+              %314 = arith.addf %312, %313 : f32
+              memref.store %314, %103[%75] : memref<32xf32>
+              %315 = memref.load %103[%76] : memref<32xf32>
+              %316 = memref.load %103[%84] : memref<32xf32>
+              %317 = arith.addf %315, %316 : f32
+              memref.store %317, %103[%76] : memref<32xf32>
+              %318 = memref.load %103[%77] : memref<32xf32>
+              %319 = memref.load %103[%85] : memref<32xf32>
+              %320 = arith.addf %318, %319 : f32
+              memref.store %320, %103[%77] : memref<32xf32>
+              %321 = memref.load %103[%78] : memref<32xf32>
+              %322 = memref.load %103[%86] : memref<32xf32>
+              %323 = arith.addf %321, %322 : f32
+              memref.store %323, %103[%78] : memref<32xf32>
+              %324 = memref.load %103[%3] : memref<32xf32>
+              %325 = memref.load %103[%75] : memref<32xf32>
+              %326 = arith.addf %324, %325 : f32
+              memref.store %326, %103[%3] : memref<32xf32>
+              %327 = memref.load %103[%6] : memref<32xf32>
+              %328 = memref.load %103[%76] : memref<32xf32>
+              %329 = arith.addf %327, %328 : f32
+              memref.store %329, %103[%6] : memref<32xf32>
+              %330 = memref.load %103[%73] : memref<32xf32>
+              %331 = memref.load %103[%77] : memref<32xf32>
+              %332 = arith.addf %330, %331 : f32
+              memref.store %332, %103[%73] : memref<32xf32>
+              %333 = memref.load %103[%74] : memref<32xf32>
+              %334 = memref.load %103[%78] : memref<32xf32>
+              %335 = arith.addf %333, %334 : f32
+              memref.store %335, %103[%74] : memref<32xf32>
+              %336 = memref.load %103[%3] : memref<32xf32>
+              %337 = memref.load %103[%73] : memref<32xf32>
+              %338 = arith.addf %336, %337 : f32
+              memref.store %338, %103[%3] : memref<32xf32>
               %339 = memref.load %103[%6] : memref<32xf32>
-              %340 = arith.addf %338, %339 : f32
-              memref.store %340, %103[%3] : memref<32xf32>
-              %341 = memref.load %103[%3] : memref<32xf32>
-              memref.store %341, %70[] : memref<f32>
-              %342 = memref.load %68[] : memref<f32>
-              memref.store %342, %67[] : memref<f32>
-              %343 = memref.load %70[] : memref<f32>
-              memref.store %343, %69[] : memref<f32>
-              %344 = arith.addi %66, %65 : i64
-              %345 = arith.subi %5, %65 : i64
-              %346 = arith.cmpi slt, %344, %345 : i64
-              %347 = arith.select %346, %344, %345 : i64
-              %348 = arith.cmpi sgt, %347, %41 : i64
+              %340 = memref.load %103[%74] : memref<32xf32>
+              %341 = arith.addf %339, %340 : f32
+              memref.store %341, %103[%6] : memref<32xf32>
+              %342 = memref.load %103[%3] : memref<32xf32>
+              %343 = memref.load %103[%6] : memref<32xf32>
+              %344 = arith.addf %342, %343 : f32
+              memref.store %344, %103[%3] : memref<32xf32>
+              %345 = memref.load %103[%3] : memref<32xf32>
+              memref.store %345, %70[] : memref<f32>
+              %346 = memref.load %68[] : memref<f32>
+              memref.store %346, %67[] : memref<f32>
+              %347 = memref.load %70[] : memref<f32>
+              memref.store %347, %69[] : memref<f32>
+              %348 = arith.addi %66, %65 : i64
+              %349 = arith.subi %5, %65 : i64
+              %350 = arith.cmpi slt, %348, %349 : i64
+              %351 = arith.select %350, %348, %349 : i64
+              %352 = arith.cmpi sgt, %351, %41 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%349: index):
-                %350 = arith.index_cast %349 : index to i64
-                %351 = arith.index_cast %66 : i64 to index
-                %352 = arith.index_cast %350 : i64 to index
-                %353 = memref.load %grad_y[%351, %352] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %354 = arith.extf %353 : bf16 to f32
-                %355 = memref.load %x[%351, %352] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %356 = arith.extf %355 : bf16 to f32
-                %357 = arith.mulf %354, %356 : f32
-                %358 = memref.load %67[] : memref<f32>
-                %359 = arith.divf %358, %53 : f32
-                %360 = arith.addf %359, %eps : f32
-                %361 = arith.constant 1.000000e+00 : f32
-                %362 = math.sqrt %360 : f32
-                %363 = arith.divf %361, %362 : f32
-                %364 = arith.mulf %357, %363 : f32
-                %365 = memref.load %58[%352] : memref<?xf32>
-                %366 = arith.addf %365, %364 : f32
-                memref.store %366, %58[%352] : memref<?xf32>
-                %367 = memref.load %w[%352] : memref<?xbf16, strided<[?], offset: ?>>
-                %368 = arith.extf %367 : bf16 to f32
-                %369 = arith.mulf %354, %368 : f32
-                %370 = arith.mulf %369, %363 : f32
-                %371 = memref.load %69[] : memref<f32>
-                %372 = arith.divf %371, %53 : f32
-                %373 = arith.mulf %372, %363 : f32
-                %374 = arith.mulf %373, %363 : f32
-                %375 = arith.mulf %374, %363 : f32
-                %376 = arith.mulf %356, %375 : f32
-                %377 = arith.subf %370, %376 : f32
-                %378 = arith.truncf %377 : f32 to bf16
-                memref.store %378, %grad_x[%351, %352] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+              ^bb0(%353: index):
+                %354 = arith.index_cast %353 : index to i64
+                %355 = arith.index_cast %66 : i64 to index
+                %356 = arith.index_cast %354 : i64 to index
+                %357 = memref.load %grad_y[%355, %356] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %358 = arith.extf %357 : bf16 to f32
+                %359 = memref.load %x[%355, %356] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %360 = arith.extf %359 : bf16 to f32
+                %361 = arith.mulf %358, %360 : f32
+                %362 = memref.load %67[] : memref<f32>
+                %363 = arith.divf %362, %53 : f32
+                %364 = arith.addf %363, %eps : f32
+                %365 = arith.constant 1.000000e+00 : f32
+                %366 = math.sqrt %364 : f32
+                %367 = arith.divf %365, %366 : f32
+                %368 = arith.mulf %361, %367 : f32
+                %369 = memref.load %58[%356] : memref<?xf32>
+                %370 = arith.addf %369, %368 : f32
+                memref.store %370, %58[%356] : memref<?xf32>
+                %371 = memref.load %w[%356] : memref<?xbf16, strided<[?], offset: ?>>
+                %372 = arith.extf %371 : bf16 to f32
+                %373 = arith.mulf %358, %372 : f32
+                %374 = arith.mulf %373, %367 : f32
+                %375 = memref.load %69[] : memref<f32>
+                %376 = arith.divf %375, %53 : f32
+                %377 = arith.mulf %376, %367 : f32
+                %378 = arith.mulf %377, %367 : f32
+                %379 = arith.mulf %378, %367 : f32
+                %380 = arith.mulf %360, %379 : f32
+                %381 = arith.subf %374, %380 : f32
+                %382 = arith.truncf %381 : f32 to bf16
+                memref.store %382, %grad_x[%355, %356] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%379: index):
-            %380 = arith.index_cast %379 : index to i64
-            %381 = arith.index_cast %380 : i64 to index
-            %382 = memref.load %58[%381] : memref<?xf32>
-            %383 = arith.index_cast %57 : i64 to index
-            memref.store %382, %51[%383, %381] : memref<?x?xf32>
+          ^bb0(%383: index):
+            %384 = arith.index_cast %383 : index to i64
+            %385 = arith.index_cast %384 : i64 to index
+            %386 = memref.load %58[%385] : memref<?xf32>
+            %387 = arith.index_cast %57 : i64 to index
+            memref.store %386, %51[%387, %385] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -1521,32 +1525,32 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%384: index):
-        %385 = arith.index_cast %384 : index to i64
+      ^bb0(%388: index):
+        %389 = arith.index_cast %388 : index to i64
         "memref.alloca_scope"() ({
-          %386 = memref.alloca() : memref<f32>
-          %387 = arith.constant 0.000000e+00 : f32
-          memref.store %387, %386[] : memref<f32>
-          %388 = arith.constant 1 : i64
-          scf.for %389 = %41 to %48 step %388 : i64 {
-            %390 = arith.index_cast %389 : i64 to index
-            %391 = arith.index_cast %385 : i64 to index
-            %392 = memref.load %51[%390, %391] : memref<?x?xf32>
-            %393 = memref.load %386[] : memref<f32>
-            %394 = arith.addf %393, %392 : f32
-            memref.store %394, %386[] : memref<f32>
+          %390 = memref.alloca() : memref<f32>
+          %391 = arith.constant 0.000000e+00 : f32
+          memref.store %391, %390[] : memref<f32>
+          %392 = arith.constant 1 : i64
+          scf.for %393 = %41 to %48 step %392 : i64 {
+            %394 = arith.index_cast %393 : i64 to index
+            %395 = arith.index_cast %389 : i64 to index
+            %396 = memref.load %51[%394, %395] : memref<?x?xf32>
+            %397 = memref.load %390[] : memref<f32>
+            %398 = arith.addf %397, %396 : f32
+            memref.store %398, %390[] : memref<f32>
           }
-          %395 = memref.load %386[] : memref<f32>
-          %396 = arith.index_cast %385 : i64 to index
-          %397 = arith.truncf %395 : f32 to bf16
-          memref.store %397, %grad_w[%396] : memref<?xbf16, strided<[?], offset: ?>>
+          %399 = memref.load %390[] : memref<f32>
+          %400 = arith.index_cast %389 : i64 to index
+          %401 = arith.truncf %399 : f32 to bf16
+          memref.store %401, %grad_w[%400] : memref<?xbf16, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %398 = memref.load %0[] : memref<i32>
-    func.return %398 : i32
+    %402 = memref.load %0[] : memref<i32>
+    func.return %402 : i32
   }
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from xdsl.ir import Operation, SSAValue, Use
@@ -21,7 +21,7 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import ZERO_FILL, copies, cpu_mapping, lanes, loaded_bytes, strip, zero_fill_loop
+from opgen.lower.cpu_map import PAIR, ZERO_FILL, copies, cpu_mapping, lanes, loaded_bytes, paired, strip, zero_fill_loop
 from opgen.lower.sched import CpuMapping
 
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
@@ -35,6 +35,25 @@ class BufInfo:
     param_index: int
     batch: bool
     last_contig: bool
+
+
+@dataclass
+class StripCopy:
+    """One copy of a loop body that :meth:`CPrinter.interleave` prints: its counter's value
+    (C), its place in staging arrays in the pair layout (``lane``) and in the strip's order
+    (``elem``), which element of each pair it is in a ``pairs`` loop (``half``), and the lanes
+    its accumulators use (a lanes loop's)."""
+
+    at: str
+    lane: str
+    elem: str
+    half: str | None = None
+    lanes: dict[SSAValue, str] = field(default_factory=dict)
+
+
+def _plus(expr: str, k: int) -> str:
+    """C for ``expr + k``."""
+    return f"{expr} + {k}" if k else expr
 
 
 def named_use(use: Use) -> bool:
@@ -144,6 +163,9 @@ class CPrinter:
     #: a staged ``sched.load_fn`` looked up in a table (``TABULATED`` dtypes; the table of f32
     #: values): the strip's lookups by scalar loads (opgen/lower/cpu_map.py :func:`staged_loads`)
     TABLE_STRIP_LOAD = "opgen_table_load_strip"
+    #: staged stores of a ``pairs`` strip whose staging array holds its first elements, then its
+    #: second ones, by the buffer's dtype (the others stage in the strip's order)
+    STRIP_STORE_PAIRS: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_store_strip_pairs"}
     #: ... and of one whose value is the same all along the loop (a row of zeros): a fill
     FILL_STRIP: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_fill_strip", "f32": "opgen_f32_fill_strip",
                                             "f16": "opgen_f16_fill_strip"}
@@ -172,6 +194,12 @@ class CPrinter:
         self.staged: dict[Operation, str | None] = {}
         self.staged_loads: dict[Operation, str] = {}  # staged loads inside their strip -> its f32 array
         self.strip_lane = "l"  # where in its staging array the strip being printed stores (stream_loop)
+        #: ... the element of the strip being printed, for arrays in the strip's order (in a
+        #: ``pairs`` strip, ``strip_lane`` is its place in the pair layout; else the same)
+        self.strip_elem = "l"
+        #: in a ``pairs`` strip (cpu_map.paired), which element of each pair is being printed
+        #: ("first" or "second"; None elsewhere)
+        self.pair_half: str | None = None
         #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
         self.nt: dict[SSAValue, str] = {}
         self.kz: dict[SSAValue, str] = {}  # outputs with zero_fill stores -> their known-zero flag
@@ -376,7 +404,9 @@ class CPrinter:
         rt = ir.tensor_type(op.results[0]).dtype
         if isinstance(op, s.LoadOp):
             if op in self.staged_loads:  # (inside its stream loop's strip)
-                return f"{self.staged_loads[op]}[{self.strip_lane}]"
+                return self.staged_ref(op)
+            if self.pair_half and self.pair_word(op):
+                return f"opgen_bf16_{self.pair_half}(&{self.elem_ref(op.buf, list(op.idx))})"
             return self.load_expr(op.buf, list(op.idx))
         if isinstance(op, s.LoadBitOp):
             b = s.buf_type(op.buf)
@@ -451,7 +481,9 @@ class CPrinter:
             self.branch(op)
         elif isinstance(op, s.StoreOp) and op in self.staged:  # (inside its stream loop's strip)
             if self.staged[op] is not None:
-                self.line(f"{self.staged[op]}[{self.strip_lane}] = {self.name(op.value)};")
+                pairs = self.pair_half and self.dtype(s.buf_type(op.buf).dtype).name in self.STRIP_STORE_PAIRS
+                at = self.strip_lane if pairs else self.strip_elem
+                self.line(f"{self.staged[op]}[{at}] = {self.name(op.value)};")
         elif isinstance(op, s.StoreOp):
             b = s.buf_type(op.buf)
             val = self.store_value(b, self.name(op.value), ir.tensor_type(op.value).dtype)
@@ -520,11 +552,22 @@ class CPrinter:
         self.line(f"{guard}for (int64_t {q} = 0; {q} < {self.name(op.span)}; {q} += {step}) "
                   f"{macro}({self.name(op.buf)}, {at}, {op.ahead.data});")
 
+    def pair_word(self, op: s.LoadOp) -> bool:
+        """Whether ``pair`` load ``op`` (cpu_map.mark_pairs) reads its pair as one word in this
+        instance: bf16 along a unit-stride last axis (else element by element)."""
+        b = s.buf_type(op.buf)
+        return PAIR in op.attributes and self.dtype(b.dtype) == dtypes.BF16 \
+            and self.unit_axis(self.arg_of[op.buf], b.rank - 1, b.rank)
+
+    def staged_ref(self, op: Operation) -> str:
+        """The staged value of load ``op`` in the strip being printed (staged in the strip's order)."""
+        return f"{self.staged_loads[op]}[{self.strip_elem}]"
+
     def load_fn(self, op: s.LoadFnOp) -> None:
         """``sched.load_fn``: a lookup (:meth:`table`) where the element's dtype is one of
         ``TABULATED``, else its region in place on the element as ``sched.load`` reads it."""
         if op in self.staged_loads:  # (inside its stream loop's strip, looked up already)
-            self.define(op.result, f"{self.staged_loads[op]}[{self.strip_lane}]")
+            self.define(op.result, self.staged_ref(op))
             return
         if self.dtype(s.buf_type(op.buf).dtype).name in self.TABULATED:
             self.define(op.result, f"{self.table(op)}[{self.elem_ref(op.buf, list(op.idx))}]")
@@ -658,6 +701,10 @@ class CPrinter:
         lines = hints or [o for o in rest if isinstance(o, s.StoreOp) and cpu_mapping(o) == CpuMapping.NONTEMPORAL]
         sizes = [self.dtype(s.buf_type(b.buf).dtype).itemsize for b in lines]
         n, k = strip(sizes), copies(op, sizes)
+        # (a stream loop's order never changes a value: in pairs only where a pair is read as a
+        # word in this flavour; the strided FLCE kernels' copies lost 2-3% to the shuffles)
+        pairs = n % 2 == 0 and n >= 32 and paired(op, self.binding) \
+            and any(isinstance(o, s.LoadOp) and self.pair_word(o) for o in rest)
         base = self.fresh("r")
         starts = [base if c == 0 else f"({base} + {c * n})" for c in range(k)]  # (each strip's first iteration)
         self.line("{")
@@ -688,12 +735,17 @@ class CPrinter:
             self.names[op.iv] = iv
             self.staged_loads[ld] = name
         self.simd_hook()
-        self.line(f"for (int l = 0; l < {n}; l++) {{")
+        self.line(f"for (int l = 0; l < {n // 2 if pairs else n}; l++) {{")
         self.depth += 1
-        ivs = [iv] + [self.fresh("i") for _ in range(k - 1)]
-        for i, start in zip(ivs, starts, strict=True):
-            self.line(f"const int64_t {i} = {start} + l; (void){i};")
-        self.interleave(op, rest, ivs, n)
+        strips: list[StripCopy] = []
+        for c, start in enumerate(starts):
+            if pairs:
+                strips += [StripCopy(f"{start} + 2 * l", _plus("l", c * n), _plus("2 * l", c * n), "first"),
+                           StripCopy(f"{start} + 2 * l + 1", _plus("l", c * n + n // 2), _plus("2 * l", c * n + 1),
+                                     "second")]
+            else:
+                strips.append(StripCopy(f"{start} + l", _plus("l", c * n), _plus("l", c * n)))
+        self.interleave(op, rest, iv, strips)
         self.staged_loads.clear()
         self.depth -= 1
         self.line("}")
@@ -702,7 +754,10 @@ class CPrinter:
             step = self.stride_expr(self.arg_of[st.buf], b.rank - 1, b.rank)
             nt = self.mention(self.nt[st.buf]) if st.buf in self.nt else "0"
             stg = self.staged.pop(st)
-            fn = (self.STRIP_STORE if stg else self.FILL_STRIP)[self.dtype(b.dtype).name]
+            name = self.dtype(b.dtype).name
+            fn = (self.STRIP_STORE if stg else self.FILL_STRIP)[name]
+            if stg and pairs and name in self.STRIP_STORE_PAIRS:
+                fn = self.STRIP_STORE_PAIRS[name]
             for c, start in enumerate(starts):
                 self.names[op.iv] = start
                 src = (f"{stg} + {c * n}" if c else stg) if stg else self.name(st.value)
@@ -718,20 +773,28 @@ class CPrinter:
         self.line("    }")
         self.line("}")
 
-    def interleave(self, op: s.ForOp, ops: list[Operation], ivs: list[str], n: int) -> None:
-        """``ops`` (the body of stream loop ``op``) once for each of a step's strips, the copies'
-        statements in turn (:meth:`steps`): copy ``c`` has counter ``ivs[c]``, its own names for
-        the values the body defines, and stages its stores at ``l + c * n``."""
-        own: list[dict[SSAValue, str]] = [{} for _ in ivs]
+    def interleave(self, op: s.ForOp, ops: list[Operation], iv: str, strips: list[StripCopy]) -> None:
+        """``ops`` (the body of loop ``op``) once for each of ``strips`` (a stream loop's strips
+        in a step, a ``pairs`` loop's firsts and seconds), the copies' statements in turn
+        (:meth:`steps`): each copy has its own counter (``iv`` for the first), its own names for
+        the values the body defines, and its places in staging arrays and lanes."""
+        own: list[dict[SSAValue, str]] = [{} for _ in strips]
+        ivs = [iv] + [self.fresh("i") for _ in strips[1:]]
+        for i, c in zip(ivs, strips, strict=True):
+            self.line(f"const int64_t {i} = {c.at}; (void){i};")
+        saved = dict(self.lanes)
         for print_step, defines in (step for o in ops for step in self.steps(o)):
-            for c, i in enumerate(ivs):
+            for c, (i, copy) in enumerate(zip(ivs, strips, strict=True)):
                 self.names.update(own[c])
                 self.names[op.iv] = i
-                self.strip_lane = f"l + {c * n}" if c else "l"
+                self.strip_lane, self.strip_elem, self.pair_half = copy.lane, copy.elem, copy.half
+                self.lanes.update(copy.lanes)
                 print_step()
                 own[c].update((v, self.names[v]) for v in defines if v in self.names)
-        self.strip_lane = "l"
-        self.names[op.iv] = ivs[0]
+        self.lanes = saved
+        self.strip_lane = self.strip_elem = "l"
+        self.pair_half = None
+        self.names[op.iv] = iv
 
     def peel_to_line(self, op: s.ForOp, iv: str, base: str, hi: str, streamed: list[s.StoreOp],
                      rest: list[Operation]) -> None:
@@ -770,6 +833,7 @@ class CPrinter:
         """A reduction split into fixed lanes (:func:`~opgen.lower.cpu_map.lanes` of the
         elements it reads), combined pairwise in a fixed order."""
         n_lanes = lanes(loaded_bytes(op, self.binding))
+        pairs = n_lanes % 2 == 0 and paired(op, self.binding)
         self.line("{")
         self.depth += 1
         lane_names = {}
@@ -790,7 +854,19 @@ class CPrinter:
                 self.depth += 1
                 self.strip_hints(op, hints, base, iv)
                 self.depth -= 1
-                self.line(f"    for (int l = 0; l < {n_lanes}; l++) {{")
+                self.line(f"    for (int l = 0; l < {n_lanes // 2 if pairs else n_lanes}; l++) {{")
+                if pairs:  # (lane j of each half: the strip's first, then second, elements of pair j)
+                    self.depth += 2
+                    half = n_lanes // 2
+                    self.interleave(op, rest, iv, [
+                        StripCopy(f"{base} + 2 * l", "l", "2 * l", "first",
+                                  {b: f"{ln}[l]" for b, ln in lane_names.items()}),
+                        StripCopy(f"{base} + 2 * l + 1", f"l + {half}", "2 * l + 1", "second",
+                                  {b: f"{ln}[l + {half}]" for b, ln in lane_names.items()})])
+                    self.depth -= 2
+                    self.line("    }")
+                    self.line("}")
+                    continue
             else:
                 self.line(f"for (int l = 0; {base} + l < {hi}; l++) {{")
                 self.line("    {")

@@ -51,7 +51,7 @@ from opgen import dtypes
 from opgen.dtypes import DType
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import cpu_mapping, lanes, loaded_bytes
+from opgen.lower.cpu_map import cpu_mapping, lanes, loaded_bytes, paired
 from opgen.lower.mlir_scalars import INDEX, Scalars, scalar_type, storage_type
 from opgen.lower.sched import GEMM_KC, CpuMapping, bindings
 
@@ -313,8 +313,9 @@ class _Kernel(Scalars):
     def lane_loop(self, op: s.ForOp, lo: SSAValue, hi: SSAValue) -> None:
         """map-cpu's reduction: the C printer's lanes per accumulator
         (:func:`~opgen.lower.cpu_map.lanes`; lane 0 starts from it, the others from 0 for a sum),
-        iterations ``base + l`` in steps of the lane count, then the tail; the lanes combined
-        pairwise (``l += l + width`` for width lanes / 2, ..., 2, 1)."""
+        iterations ``base + l`` in steps of the lane count (in a :func:`~opgen.lower.cpu_map.paired`
+        loop, iteration ``base + l`` in lane ``l / 2``, or ``l / 2 + lanes / 2`` for odd ``l``), then
+        the tail; the lanes combined pairwise (``l += l + width`` for width lanes / 2, ..., 2, 1)."""
         accs = s.scalar_accums(op)
         n_lanes = lanes(loaded_bytes(op, self.binding))
         lane_bufs: dict[SSAValue, SSAValue] = {}
@@ -332,12 +333,16 @@ class _Kernel(Scalars):
         width = self.const(n_lanes, i64)
         main_end = self.add(arith.AddiOp(lo, self.add(arith.MuliOp(self.add(arith.DivSIOp(n, width)), width))))
 
-        def body(base: SSAValue, count: SSAValue) -> None:
+        def body(base: SSAValue, count: SSAValue, pairs: bool) -> None:
             inner_blk = Block(arg_types=[INDEX])
             self.add(scf.ForOp(self.const(0, INDEX), count, self.const(1, INDEX), [], inner_blk))
             with self.nested(inner_blk) as inner:
                 lane = inner_blk.args[0]
                 self.values[op.iv] = self.add(arith.AddiOp(base, self.add(arith.IndexCastOp(lane, i64))))
+                if pairs:  # (element 2 j of the strip in lane j, element 2 j + 1 in lane j + n_lanes / 2)
+                    odd = self.add(arith.AndIOp(lane, self.const(1, INDEX)))
+                    lane = self.add(arith.AddiOp(self.add(arith.ShRUIOp(lane, self.const(1, INDEX))),
+                                                 self.add(arith.MuliOp(odd, self.const(n_lanes // 2, INDEX)))))
                 saved = dict(self.lanes)
                 self.lanes.update({b: (ln, [lane]) for b, ln in lane_bufs.items()})
                 self.scoped(list(op.body.block.ops))
@@ -347,9 +352,9 @@ class _Kernel(Scalars):
         main = Block(arg_types=[i64])
         self.add(scf.ForOp(lo, main_end, width, [], main))
         with self.nested(main) as inner:
-            body(main.args[0], self.const(n_lanes, INDEX))
+            body(main.args[0], self.const(n_lanes, INDEX), n_lanes % 2 == 0 and paired(op, self.binding))
             inner.close(scf.YieldOp())
-        body(main_end, self.index(self.add(arith.SubiOp(hi, main_end))))
+        body(main_end, self.index(self.add(arith.SubiOp(hi, main_end))), False)
         for a in accs:
             ln = lane_bufs[a.buf]
             d = self.dtype(s.buf_type(a.buf).dtype)

@@ -6,7 +6,10 @@
  * whole aligned line streams around the caches where the machine can): every STRIDE-th f32 bit
  * pattern, and every pattern with the low 16 bits of EDGES (all exponents, signs, NaN payloads
  * and the rounding ties), 32 to a strip; then strips of 16 and a strided strip, which take the
- * scalar path. Usage: bf16_strip_check STRIDE (1: all 2^32 patterns).
+ * scalar path. opgen_bf16_store_strip_pairs the same way (a `pairs` strip: the values of
+ * its pairs' first elements staged first, then the second ones), and opgen_bf16_first/second
+ * against opgen_bf16_to_f32 for every bf16 pattern in either place of a pair.
+ * Usage: bf16_strip_check STRIDE (1: all 2^32 patterns).
  * Prints: checked mismatches first_mismatch_bits vector_path (1: vcvtne2ps2bf16 compiled in, 2: the
  * AVX2 integer steps, 0: the scalar loop only). */
 #include "opgen_rt.h"
@@ -41,6 +44,15 @@ static void check(int n, int64_t st) {
         memset(dh, 0xA5, sizeof dh);
         memset(df, 0xA5, sizeof df);
         opgen_bf16_store_strip(dst, st, src, n, nt);
+        /* a `pairs` strip: the first elements of its pairs staged first, then the second ones */
+        _Alignas(64) uint16_t dp[64];
+        _Alignas(64) float sp[32];
+        for (int j = 0; j < n / 2; j++) {
+            sp[j] = src[2 * j];
+            sp[n / 2 + j] = src[2 * j + 1];
+        }
+        memset(dp, 0xA5, sizeof dp);
+        opgen_bf16_store_strip_pairs(dp, st, sp, n, nt);
         opgen_f16_store_strip(dh, st, src, n, nt);
         opgen_f32_store_strip(df, st, src, n, nt);
         opgen_stream_fence();
@@ -49,6 +61,7 @@ static void check(int n, int64_t st) {
             uint32_t f;
             memcpy(&f, &df[l], 4);
             if (mine ? dst[l] != want[l / st] : dst[l] != 0xA5A5) mismatch(mine, l, st); /* (and nothing between) */
+            if (mine ? dp[l] != want[l / st] : dp[l] != 0xA5A5) mismatch(mine, l, st);
             if (mine ? dh[l] != wanth[l / st] : dh[l] != 0xA5A5) mismatch(mine, l, st);
             if (mine ? f != bits[l / st] : f != 0xA5A5A5A5u) mismatch(mine, l, st);
         }
@@ -99,6 +112,15 @@ int main(int argc, char **argv) {
         }
         check(16, 1);
         check(32, 2);
+    }
+    for (uint32_t h = 0; h < 0x10000; h++) { /* the pair widening: every bf16 pattern first and second */
+        const uint16_t pair[2] = {(uint16_t)h, (uint16_t)(h * 0x9E37u + 1u)};
+        const float a = opgen_bf16_first(&pair[0]), b = opgen_bf16_second(&pair[1]);
+        const float wa = opgen_bf16_to_f32(pair[0]), wb = opgen_bf16_to_f32(pair[1]);
+        if (memcmp(&a, &wa, 4) || memcmp(&b, &wb, 4)) {
+            if (!bad++) first_bad = h << 16;
+        }
+        checked += 2;
     }
 #if defined(__AVX512BF16__)
     const int vector_path = 1;
