@@ -379,6 +379,29 @@ static inline int opgen_stream_line(void *dst, const void *src, int nt) {
     (void)dst, (void)src, (void)nt;
     return 0;
 }
+#if defined(__AVX512BF16__)
+/* The 32 f32 values at src (64-byte aligned) rounded to bf16 as opgen_f32_to_bf16, in order: one
+ * vcvtne2ps2bf16 (round to nearest even, a NaN quieted), with the denormal fix described below. */
+static inline __m512i opgen_bf16_round32(const float *src) {
+    const __m512i one = _mm512_set1_epi32(0x00800000);
+    __m512i lo = _mm512_load_si512((const void *)src), hi = _mm512_load_si512((const void *)(src + 16));
+    const __mmask16 dlo = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(lo), 0x20); /* 0x20: denormal */
+    const __mmask16 dhi = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(hi), 0x20);
+    if (__builtin_expect(_kortestz_mask16_u8(dlo, dhi), 1))
+        return (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
+    lo = _mm512_mask_add_epi32(lo, dlo, lo, one);
+    hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
+    const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
+    return _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
+}
+/* The 64 bytes r at dst: around the caches where nt and dst is a whole aligned line. */
+static inline void opgen_bf16_line(uint16_t *dst, __m512i r, int nt) {
+    if (nt && !((uintptr_t)dst & 63))
+        _mm512_stream_si512((void *)dst, r);
+    else
+        _mm512_storeu_si512((void *)dst, r);
+}
+#endif
 /* n f32 values (src, 64-byte aligned) to bf16 at dst, element stride st, each rounded as
  * opgen_f32_to_bf16: map-cpu's staged stores, a stream loop's strip at a time. With AVX512-BF16
  * a contiguous strip of 32 takes one vcvtne2ps2bf16 (round to nearest even, a NaN quieted as
@@ -394,23 +417,7 @@ static inline int opgen_stream_line(void *dst, const void *src, int nt) {
 static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float *src, int n, int nt) {
 #if defined(__AVX512BF16__)
     if (st == 1 && n == 32) {
-        const __m512i one = _mm512_set1_epi32(0x00800000);
-        __m512i lo = _mm512_load_si512((const void *)src), hi = _mm512_load_si512((const void *)(src + 16));
-        const __mmask16 dlo = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(lo), 0x20); /* 0x20: denormal */
-        const __mmask16 dhi = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(hi), 0x20);
-        __m512i r;
-        if (__builtin_expect(_kortestz_mask16_u8(dlo, dhi), 1)) {
-            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
-        } else {
-            lo = _mm512_mask_add_epi32(lo, dlo, lo, one);
-            hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
-            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
-            r = _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
-        }
-        if (nt && !((uintptr_t)dst & 63))
-            _mm512_stream_si512((void *)dst, r);
-        else
-            _mm512_storeu_si512((void *)dst, r);
+        opgen_bf16_line(dst, opgen_bf16_round32(src), nt);
         return;
     }
 #elif defined(__AVX2__)
@@ -477,26 +484,10 @@ static inline float opgen_bf16_second(const uint16_t *p) {
 static inline void opgen_bf16_store_strip_pairs(uint16_t *dst, int64_t st, const float *src, int n, int nt) {
 #if defined(__AVX512BF16__)
     if (st == 1 && n == 32) {
-        const __m512i one = _mm512_set1_epi32(0x00800000);
-        __m512i lo = _mm512_load_si512((const void *)src), hi = _mm512_load_si512((const void *)(src + 16));
-        const __mmask16 dlo = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(lo), 0x20); /* 0x20: denormal */
-        const __mmask16 dhi = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(hi), 0x20);
-        __m512i r;
-        if (__builtin_expect(_kortestz_mask16_u8(dlo, dhi), 1)) {
-            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
-        } else {
-            lo = _mm512_mask_add_epi32(lo, dlo, lo, one);
-            hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
-            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
-            r = _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
-        }
         /* word 2j <- word j (a first), word 2j + 1 <- word 16 + j (a second) */
-        r = _mm512_permutexvar_epi16(_mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                                      23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0), r);
-        if (nt && !((uintptr_t)dst & 63))
-            _mm512_stream_si512((void *)dst, r);
-        else
-            _mm512_storeu_si512((void *)dst, r);
+        const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        opgen_bf16_line(dst, _mm512_permutexvar_epi16(pairs, opgen_bf16_round32(src)), nt);
         return;
     }
 #endif
