@@ -170,8 +170,7 @@ def pair_loads(op: s.ForOp) -> list[s.LoadOp]:
     widening saved: rotary-embedding backward bf16 2.6 -> 3.2 ms, dropout's mask in cache 1.65 ->
     1.9 ms), or where the body is :func:`slow` (SiLU backward bf16, whose exp and division
     dwarf the widening: 3% slower)."""
-    k = next((p for p in _ancestors(op) if isinstance(p, s.KernelOp)), None)
-    if k is None or slow(op):
+    if slow(op):
         return []
     out = []
     for ld in op.body.block.ops:
@@ -180,20 +179,10 @@ def pair_loads(op: s.ForOp) -> list[s.LoadOp]:
         idx = list(ld.idx)
         along = idx[-1] is op.iv and op.iv not in idx[:-1] and all(s.defined_outside(op, i) for i in idx[:-1])
         if not (along and s.buf_type(ld.buf).role.data in ("in", "out")
-                and dtypes.BF16 in k.dtype_options(s.buf_type(ld.buf).dtype)):
+                and dtypes.BF16 in ir.dtype_members(ld, s.buf_type(ld.buf).dtype)):
             return []
         if isinstance(ld, s.LoadOp):
             out.append(ld)
-    return out
-
-
-def _ancestors(op: Operation) -> list[Operation]:
-    """``op``'s enclosing ops, innermost first."""
-    out = []
-    p = op.parent_op()
-    while p is not None:
-        out.append(p)
-        p = p.parent_op()
     return out
 
 
