@@ -164,11 +164,21 @@ SANITIZED = textwrap.dedent("""
             runtime.call(name, lib=lib, grad=wide[:, ::2], x=wide[:, 1::2])
             off = np.zeros(n * d + 5, dt)[5:].reshape(n, d)  # (rows off a line)
             runtime.call(name, lib=lib, grad=g, x=g, dx=off)
+    for n, d in ((1, 1), (2, 31), (3, 33), (2, 64), (3, 100), (2, 4096)):  # (bf16 rows in pairs)
+        g = rng.standard_normal((n, 2 * d)).astype(ml_dtypes.bfloat16)
+        runtime.call("softmax_backward", lib=lib, grad=g[:, :d], y=g[:, d:])
+        runtime.call("softmax_backward", lib=lib, grad=g[:, ::2], y=g[:, 1::2])
+        off = np.zeros(n * d + 5, ml_dtypes.bfloat16)[5:].reshape(n, d)
+        runtime.call("softmax_backward", lib=lib, grad=np.ascontiguousarray(g[:, :d]), y=np.ascontiguousarray(g[:, d:]),
+                     dx=off)
     print("done")
 """)
 
 
 def test_interleaved_strips_are_clean_under_asan_and_ubsan(built):
+    """The interleaved strips (row lengths around the step, strided rows, rows off a line) and
+    softmax backward's bf16 rows in pairs (a pair's word read from its first element: rows
+    starting at odd elements, strided, off a line) under ASan/UBSan."""
     assert_clean_under_sanitizers(built, SANITIZED)
 
 
