@@ -693,7 +693,9 @@ class CPrinter:
         """map-cpu's ``stream`` loop: strips of one line (:func:`~opgen.lower.cpu_map.strip`),
         ``copies`` of them a step (:func:`~opgen.lower.cpu_map.copies`: the body printed once
         per strip, statement by statement in turn), each strip after its prefetches (the loop's
-        ``sched.prefetch`` ops, at the strip's first iteration), then the tail."""
+        ``sched.prefetch`` ops, at the strip's first iteration), then the tail. A ``pairs`` loop
+        (:func:`~opgen.lower.cpu_map.paired`, a pair read as a word in this flavour) runs each
+        strip as its pairs' firsts and seconds, two copies of the body."""
         body = list(op.body.block.ops)
         hints = [o for o in body if isinstance(o, s.PrefetchOp)]
         rest = [o for o in body if not isinstance(o, s.PrefetchOp)]
@@ -831,7 +833,9 @@ class CPrinter:
 
     def lane_loop(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
         """A reduction split into fixed lanes (:func:`~opgen.lower.cpu_map.lanes` of the
-        elements it reads), combined pairwise in a fixed order."""
+        elements it reads), combined pairwise in a fixed order; in a ``pairs`` loop
+        (:func:`~opgen.lower.cpu_map.paired`) the whole strips' firsts in the first half of the
+        lanes and their seconds in the second."""
         n_lanes = lanes(loaded_bytes(op, self.binding))
         pairs = n_lanes % 2 == 0 and paired(op, self.binding)
         self.line("{")
