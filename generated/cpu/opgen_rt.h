@@ -491,18 +491,14 @@ static inline void opgen_bf16_store_strip_pairs(uint16_t *dst, int64_t st, const
         return;
     }
 #endif
-    _Alignas(64) float v[64];
-    if (n <= 64) {
-        for (int j = 0; j < n / 2; j++) {
-            v[2 * j] = src[j];
-            v[2 * j + 1] = src[n / 2 + j];
+    for (int c = 0; c < n; c += 64) { /* (in order, 64 at a time, through opgen_bf16_store_strip) */
+        _Alignas(64) float v[64];
+        const int m = n - c < 64 ? n - c : 64;
+        for (int j = 0; j < m / 2; j++) {
+            v[2 * j] = src[c / 2 + j];
+            v[2 * j + 1] = src[n / 2 + c / 2 + j];
         }
-        opgen_bf16_store_strip(dst, st, v, n, nt);
-        return;
-    }
-    for (int j = 0; j < n / 2; j++) {
-        dst[2 * j * st] = opgen_f32_to_bf16(src[j]);
-        dst[(2 * j + 1) * st] = opgen_f32_to_bf16(src[n / 2 + j]);
+        opgen_bf16_store_strip(dst + (int64_t)c * st, st, v, m, nt);
     }
 }
 /* n f32 values (src, 64-byte aligned) to dst, element stride st: map-cpu's `nontemporal` stores

@@ -705,7 +705,7 @@ class CPrinter:
         n, k = strip(sizes), copies(op, sizes)
         # (a stream loop's order never changes a value: in pairs only where a pair is read as a
         # word in this flavour; the strided FLCE kernels' copies lost 2-3% to the shuffles)
-        pairs = n % 2 == 0 and n >= 32 and paired(op, self.binding) \
+        pairs = n >= 32 and paired(op, self.binding) \
             and any(isinstance(o, s.LoadOp) and self.pair_word(o) for o in rest)
         base = self.fresh("r")
         starts = [base if c == 0 else f"({base} + {c * n})" for c in range(k)]  # (each strip's first iteration)
@@ -837,7 +837,7 @@ class CPrinter:
         (:func:`~opgen.lower.cpu_map.paired`) the whole strips' firsts in the first half of the
         lanes and their seconds in the second."""
         n_lanes = lanes(loaded_bytes(op, self.binding))
-        pairs = n_lanes % 2 == 0 and paired(op, self.binding)
+        pairs = paired(op, self.binding)  # (a bf16 load: 32 lanes)
         self.line("{")
         self.depth += 1
         lane_names = {}

@@ -174,15 +174,14 @@ def pair_loads(op: s.ForOp) -> list[s.LoadOp]:
         return []
     out = []
     for ld in op.body.block.ops:
-        if not isinstance(ld, s.LoadOp | s.LoadFnOp) or not any(uses_counter(i, op) for i in ld.idx):
+        if not isinstance(ld, s.LoadOp) or not any(uses_counter(i, op) for i in ld.idx):
             continue
         idx = list(ld.idx)
         along = idx[-1] is op.iv and op.iv not in idx[:-1] and all(s.defined_outside(op, i) for i in idx[:-1])
         if not (along and s.buf_type(ld.buf).role.data in ("in", "out")
                 and dtypes.BF16 in ir.dtype_members(ld, s.buf_type(ld.buf).dtype)):
             return []
-        if isinstance(ld, s.LoadOp):
-            out.append(ld)
+        out.append(ld)
     return out
 
 
@@ -215,8 +214,7 @@ def paired(op: s.ForOp, binding: dict[str, DType]) -> bool:
     read as a word in the flavour it prints.)"""
     if PAIRS not in op.attributes:
         return False
-    return any(PAIR in ld.attributes and (binding.get(s.buf_type(ld.buf).dtype)
-                                           or dtypes.by_name(s.buf_type(ld.buf).dtype)) == dtypes.BF16
+    return any(PAIR in ld.attributes and s.bound_dtype(s.buf_type(ld.buf).dtype, binding) == dtypes.BF16
                for ld in op.body.block.ops if isinstance(ld, s.LoadOp))
 
 

@@ -324,11 +324,16 @@ def bindings(k: KernelOp | FuncOp) -> Iterator[dict[str, dtypes.DType]]:
         yield dict(zip(dvars, combo, strict=True))
 
 
+def bound_dtype(name: str, binding: dict[str, dtypes.DType]) -> dtypes.DType:
+    """The dtype ``name`` (a dtype variable or a dtype) stands for under ``binding``."""
+    return binding.get(name) or dtypes.by_name(name)
+
+
 def binding_bytes(binding: dict[str, dtypes.DType]) -> Callable[[BufType], int]:
     """Element size of a buffer under ``binding`` (the caller's dtype for ``in``/``out``, its
     compute type otherwise)."""
     def size(b: BufType) -> int:
-        d = binding.get(b.dtype) or dtypes.by_name(b.dtype)
+        d = bound_dtype(b.dtype, binding)
         return (d if b.role.data in ("in", "out") else d.compute).bits // 8
     return size
 

@@ -352,7 +352,7 @@ class _Kernel(Scalars):
         main = Block(arg_types=[i64])
         self.add(scf.ForOp(lo, main_end, width, [], main))
         with self.nested(main) as inner:
-            body(main.args[0], self.const(n_lanes, INDEX), n_lanes % 2 == 0 and paired(op, self.binding))
+            body(main.args[0], self.const(n_lanes, INDEX), paired(op, self.binding))
             inner.close(scf.YieldOp())
         body(main_end, self.index(self.add(arith.SubiOp(hi, main_end))), False)
         for a in accs:
