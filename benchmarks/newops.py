@@ -6,9 +6,10 @@ from saved per-channel statistics, dropout backward with a bool mask, a transpos
 middle axis;
 tests/test_gemm_operands.py: a linear layer over batched rows, in f16 here;
 tests/test_ascendc.py: SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py:
-rotary-embedding backward). They are written into build/bench-ops/ and built there
-with ``opgen build --out`` (incremental), and each row runs against the faster of PyTorch
-autograd and the explicit aten kernel a user would call.
+rotary-embedding backward; tests/test_flat_chunks.py: an Adam step over a flat parameter vector).
+They are written into build/bench-ops/ and built there with ``opgen build --out`` (incremental),
+and each row runs against the faster of PyTorch autograd and the explicit aten kernel a user
+would call.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def library() -> Any:
     if str(registry.REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
+    from tests.test_flat_chunks import FLAT_OPS
     from tests.test_gemm_operands import OPS as GEMM_OPS
     from tests.test_new_op_backends import BATCH_NORM, DROPOUT, GELU, GELU_TANH, LINEAR, LN_CAST, NARROW, TRANSPOSED
     from tests.test_shapes_dsl import ROPE
@@ -42,7 +44,8 @@ def library() -> Any:
     OPS.mkdir(parents=True, exist_ok=True)
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
                        ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW), ("gemm_ops.py", GEMM_OPS),
-                       ("batch_norm.py", BATCH_NORM), ("dropout.py", DROPOUT), ("transposed.py", TRANSPOSED)):
+                       ("batch_norm.py", BATCH_NORM), ("dropout.py", DROPOUT), ("transposed.py", TRANSPOSED),
+                       ("flat.py", FLAT_OPS)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -246,6 +249,42 @@ def _rope_row(lib: Any, alternate: Callable[..., tuple[float, float]], np_of: Ca
                 N, theirs, (2 * N * H * D + 2 * N * D) * es)
 
 
+def _adam_row(lib: Any, alternate: Callable[..., tuple[float, float]], n: int, g: torch.Generator) -> dict:
+    """An Adam step over a flat f32 parameter vector of ``n`` (1-D: chunk-flat-loops), in place
+    on both sides (the op's outputs are its inputs: may_alias), against the faster of PyTorch's
+    fused Adam kernel and its foreach ops: memory-bound, 4 vectors read and 3 written."""
+    D = 4096  # (the in-cache estimate's "rows": runs of D elements)
+    p, gr, m = (torch.randn(n, generator=g) for _ in range(3))
+    v = torch.rand(n, generator=g)
+    sc = {"lr": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "bc1": 0.1, "bc2": 0.002}
+    ours = {"p": p.clone(), "g": gr, "m": m.clone(), "v": v.clone()}
+
+    def make(rows: int) -> dict:
+        a = {k: t[:rows * D].numpy() for k, t in ours.items()}
+        return {**a, **sc, "p_out": a["p"], "m_out": a["m"], "v_out": a["v"]}
+
+    step = torch.tensor(1.0)
+
+    def fused() -> None:
+        torch._fused_adam_([p], [gr], [m], [v], [], [step], lr=sc["lr"], beta1=sc["b1"], beta2=sc["b2"],
+                           weight_decay=0.0, eps=sc["eps"], amsgrad=False, maximize=False)
+
+    def foreach() -> None:
+        torch._foreach_lerp_([m], [gr], 1 - sc["b1"])
+        torch._foreach_mul_([v], sc["b2"])
+        torch._foreach_addcmul_([v], [gr], [gr], 1 - sc["b2"])
+        denom = torch._foreach_add(torch._foreach_sqrt(torch._foreach_div([v], sc["bc2"])), sc["eps"])
+        torch._foreach_addcdiv_([p], [m], denom, -sc["lr"] / sc["bc1"])
+
+    kw = make(n // D)
+    t_o, t_t = alternate(lambda: runtime.call("adam_step", lib=lib, **kw), _fastest([fused, foreach]), 11)
+    out = {"row": f"new: adam_step (1-D, in place) n={n} f32", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+           "bytes": 7 * n * 4, **given_ms(lambda: runtime.call("adam_step", lib=lib, **kw), 7 * n * 4)}
+    if (cache := _in_cache_ms(lib, "adam_step", make, n // D)) is not None:
+        out["cache_ms"] = cache
+    return out
+
+
 def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
          quick: bool) -> list[dict]:
     """The rows (benchmarks/cpu.py's ``alternate`` timing and ``np_of`` tensor view)."""
@@ -257,6 +296,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
         out += _memory_bound_rows(lib, alternate, np_of, dt, (N, D), g)
         out.append(_rope_row(lib, alternate, np_of, dt, (1024, 8, 64) if quick else (4096, 32, 128), g))
         out += _layout_rows(lib, alternate, np_of, dt, (N, D), g)
+    out.append(_adam_row(lib, alternate, N * D, g))
     # a linear layer with bias and ReLU (f32): compute-bound
     M, K, F = (512, 256, 256) if quick else (4096, 2048, 2048)
     xl, wl, bl = torch.randn(M, K, generator=g), torch.randn(F, K, generator=g), torch.randn(F, generator=g)

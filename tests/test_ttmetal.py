@@ -174,14 +174,28 @@ def deep_mix(x: Tensor[T, Batch(N), D], y: Tensor[T, Batch(N), D], *, out: Outpu
     e = a + b * (x * y - (y - x) * (x + y * y))
     return {"out": e, "colsum": sum(e, axis=0)}
 '''
+#: unary math on a float parameter (before: an internal error in lower-to-ttkernel, a KeyError):
+#: the host computes it with the other scalars and passes it as a runtime argument
+PARAM_MATH_OP = '''
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", bf16, f32)
+
+
+@op
+def param_math(x: Tensor[T, N, D], s: float, *, out: Output[T, N, D]):
+    """out = x sqrt(s) + exp(-s) / |s| - rsqrt(s) tanh(s)."""
+    return {"out": x * sqrt(s) + exp(-s) / absolute(s) - rsqrt(s) * tanh(s)}
+'''
 NEW = ("silu_backward", "softmax_backward", "layer_norm_backward", "deep_mix", "gelu_backward", "ln_cast_backward",
-       "gelu_tanh_backward")
+       "gelu_tanh_backward", "param_math")
 
 
 @pytest.fixture(scope="module")
 def new_ops(tmp_path_factory) -> dict[str, Any]:
     """silu_backward, softmax_backward and layer_norm_backward (tests/test_ascendc.py's DSL file),
-    deep_mix, the exact GELU backward (erf) and the tanh GELU backward (tests/test_new_op_backends.py's),
+    deep_mix, param_math, the exact GELU backward (erf) and the tanh GELU backward (tests/test_new_op_backends.py's),
     loaded from their own ops directory: nothing of them is in the compiler."""
     from tests.test_ascendc import MASK_OPS, NEW_OPS
     from tests.test_new_op_backends import GELU, GELU_TANH, LN_CAST
@@ -190,6 +204,7 @@ def new_ops(tmp_path_factory) -> dict[str, Any]:
     d.mkdir()
     (d / "newops.py").write_text(NEW_OPS)
     (d / "deep.py").write_text(DEEP_OP)
+    (d / "param_math.py").write_text(PARAM_MATH_OP)
     (d / "gelu.py").write_text(GELU)  # erf: SFPU erf_tile<false> (the accurate one)
     (d / "gelu_tanh.py").write_text(GELU_TANH)  # tanh: SFPU tanh_tile
     (d / "ln_cast.py").write_text(LN_CAST)  # column sums behind casts
@@ -215,6 +230,8 @@ def _new_args(rng, op: str, T: str, shape: tuple[int, ...]) -> dict[str, Any]:
     if op == "deep_mix":
         return {"x": floats(rng, shape, T), "y": floats(rng, shape, T), "out": filled(shape, T),
                 "colsum": filled(D, T)}
+    if op == "param_math":
+        return {"x": floats(rng, shape, T), "s": 1.7, "out": filled(shape, T)}
     second = "x" if op in ("silu_backward", "gelu_backward", "gelu_tanh_backward") else "y"
     return {"grad": floats(rng, shape, T), second: floats(rng, shape, T), "dx": filled(shape, T)}
 
@@ -238,7 +255,7 @@ def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
     failures = []
     for T in ("f32", "bf16"):
         for shape in ((45, 77), (2, 33, 32), (1, 1), (0, 5), (3, 3000)):
-            if len(shape) > 2 and op == "gelu_tanh_backward":
+            if len(shape) > 2 and op in ("gelu_tanh_backward", "param_math"):
                 continue  # (written on (N, D) only)
             a = _new_args(rng, op, T, shape)
             ref = oracle.run(new_ops[op], **copied(a))

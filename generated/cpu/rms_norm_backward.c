@@ -68,7 +68,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l299_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
-    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))) && (const void *)p_grad_x != (const void *)p_grad_y; (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -613,7 +613,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l299_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
-    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))) && (const void *)p_grad_x != (const void *)p_grad_y; (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -1209,7 +1209,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
-    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))) && (const void *)p_grad_x != (const void *)p_grad_y; (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -1740,7 +1740,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l295_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
-    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))) && (const void *)p_grad_x != (const void *)p_grad_y; (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -2322,7 +2322,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l374_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
-    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))) && (const void *)p_grad_x != (const void *)p_grad_y; (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -2950,7 +2950,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l374_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
-    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))) && (const void *)p_grad_x != (const void *)p_grad_y; (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;

@@ -1108,9 +1108,13 @@ class CPrinter:
 
     def stream_flags(self) -> None:
         """For each output with ``nontemporal`` stores, whether they stream in this call
-        (``opgen_nt`` of its data and bytes, a saturating count), and, where some of them are
-        ``zero_fill``, whether the caller has said the output holds zeros (``opgen_known_zero``)."""
+        (``opgen_nt`` of its data and bytes, a saturating count; not when the call passes it as
+        the input of its ``may_alias`` pair: in place, the lines just read are written back), and,
+        where some of them are ``zero_fill``, whether the caller has said the output holds zeros
+        (``opgen_known_zero``)."""
         names = {a: n.data for n, a in zip(self.k.arg_names.data, self.k.body.block.args, strict=True)}
+        args = {n: a for a, n in names.items()}
+        partners = {o: i.data for o, i in self.k.may_alias.data.items()} if self.k.may_alias else {}
         for op in self.k.walk():
             if not (isinstance(op, s.StoreOp) and cpu_mapping(op) == CpuMapping.NONTEMPORAL
                     and self.staged_store(op)) or op.buf in self.nt:
@@ -1119,7 +1123,9 @@ class CPrinter:
             flag = f"nt_{cnames.local(names[op.buf])}"
             self.nt[op.buf] = flag
             size = self.caller_bytes(op.buf)
-            self.line(f"const int {flag} = opgen_nt({self.name(op.buf)}, {size}); (void){flag};")
+            same = (f" && (const void *){self.name(op.buf)} != (const void *){self.name(args[partners[names[op.buf]]])}"
+                    if names[op.buf] in partners else "")
+            self.line(f"const int {flag} = opgen_nt({self.name(op.buf)}, {size}){same}; (void){flag};")
             info = self.buf_info[self.arg_of[op.buf]]
             if not info.batch and any(ZERO_FILL in o.attributes for o in self.k.walk()
                                       if isinstance(o, s.StoreOp) and o.buf is op.buf):

@@ -176,6 +176,12 @@ def arg_ident(prog: k.ProgramOp, name: str) -> str:
 class HostPrinter(Scalars):
     """One ``ttk.program`` -> its host function (tt-metal host API, distributed mesh queue)."""
 
+    #: unary math on a float scalar (lower.HOST_MATH), in float
+    MATH: ClassVar[dict[type, str]] = {
+        ir.SqrtOp: "std::sqrt({})", ir.RsqrtOp: "1.0f / std::sqrt({})", ir.RecipOp: "1.0f / ({})",
+        ir.ExpOp: "std::exp({})", ir.LogOp: "std::log({})", ir.TanhOp: "std::tanh({})", ir.ErfOp: "std::erf({})",
+        ir.SigmoidOp: "1.0f / (1.0f + std::exp(-({})))", ir.NegOp: "-({})", ir.AbsOp: "std::fabs({})"}
+
     def __init__(self, prog: k.ProgramOp, fn: str, sizes: dict[str, str] | None = None):
         super().__init__("int64_t")
         self.p, self.fn = prog, fn
@@ -199,6 +205,8 @@ class HostPrinter(Scalars):
             return f"(int64_t)prefix[(size_t)({a[0]})]"
         if isinstance(op, k.BitsOp):
             return f"(int64_t)opgen_tt_bits({a[0]})"
+        if type(op) in self.MATH:
+            return self.MATH[type(op)].format(*a)
         if isinstance(op, k.HostLoadOp):
             src = f"data_{op.arg.data}"
             if op.bit.data:

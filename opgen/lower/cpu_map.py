@@ -79,6 +79,7 @@ from opgen import dtypes
 from opgen.dtypes import DType
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.flat_chunks import FLAT
 from opgen.lower.sched import CpuMapping, CpuMappingAttr
 
 MAPPING = "cpu_mapping"
@@ -261,7 +262,11 @@ def independent(op: s.ForOp) -> bool:
 
 def _along_row(op: s.ForOp, idx: list[SSAValue]) -> bool:
     """Whether indices ``idx`` of a buffer of rank 2 or more walk one row with ``op``'s counter:
-    the counter is the last index and appears nowhere else."""
+    the counter is the last index and appears nowhere else; in a ``flat`` loop (a chunk of a
+    loop over 1-D tensors: opgen/lower/flat_chunks.py) a 1-D buffer indexed by the counter alone
+    is such a row too."""
+    if len(idx) == 1:
+        return FLAT in op.attributes and idx[0] is op.iv
     return len(idx) >= 2 and idx[-1] is op.iv and op.iv not in idx[:-1]
 
 
@@ -405,7 +410,8 @@ def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> lis
     if not isinstance(parent, s.ForOp):
         return []
     return [ld for ld in _row_loads(op, exprs=True) if ld.buf in read_before and s.buf_type(ld.buf).role.data == "in"
-            and uses_counter(ld.idx[-2], parent) and not any(uses_counter(i, parent) for i in ld.idx[:-2])]
+            and len(ld.idx) >= 2 and uses_counter(ld.idx[-2], parent)
+            and not any(uses_counter(i, parent) for i in ld.idx[:-2])]
 
 
 def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> None:
@@ -505,7 +511,7 @@ def nontemporal_outputs(k: s.KernelOp) -> dict[SSAValue, list[s.StoreOp]]:
     out: dict[SSAValue, list[s.StoreOp]] = {}
     for buf in k.body.block.args:
         t = buf.type
-        if not isinstance(t, s.BufType) or t.role.data != "out" or t.rank < 2:
+        if not isinstance(t, s.BufType) or t.role.data != "out" or t.rank < 1:
             continue
         stores: list[s.StoreOp] = []
         for use in buf.uses:

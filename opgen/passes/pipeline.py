@@ -31,6 +31,7 @@ from opgen.lower.combine_accums import CombineAccums
 from opgen.lower.cpu_map import MapCpu
 from opgen.lower.empty_ranges import SpecialiseEmptyRanges
 from opgen.lower.expand_math import ExpandMath
+from opgen.lower.flat_chunks import ChunkFlatLoops
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.fuse_siblings import FuseSiblings
 from opgen.lower.gather_prefetch import PrefetchGathers
@@ -86,7 +87,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # sums columns 8 rows' streams at a time, a parallel row loop reading column vectors two rows
     # at a time (opgen/lower/jam_rows.py), the rows' first passes then fused by fuse-reductions
     # again, and their sums into one accumulator element read and written once
-    # (opgen/lower/combine_accums.py);
+    # (opgen/lower/combine_accums.py); a parallel loop over 1-D tensors runs in chunks, each walked
+    # like a row (opgen/lower/flat_chunks.py);
     # rows read through an index table are prefetched a few iterations ahead
     # (opgen/lower/gather_prefetch.py); an expensive function of one bf16/f16 element is looked up
     # in a table of its 65536 values (opgen/lower/tabulate.py).
@@ -94,7 +96,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
-            HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), CombineAccums(), MapCpu(),
+            HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), CombineAccums(),
+            ChunkFlatLoops(), MapCpu(),
             SpecialiseEmptyRanges(), PrefetchGathers(), Tabulate()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the

@@ -68,6 +68,10 @@ TILE_BYTES = {"Float16_b": 2048, "Float32": 4096, "UInt32": 128}
 TT_DTYPES = ("bf16", "f32")
 SCALAR_OPS = (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, ir.MinOp, ir.MaxOp, ir.CmpOp,
               ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)
+#: unary math on a float scalar (a function of parameters: Adam's ``sqrt(bc2)``): evaluated by
+#: the host with the other scalar ops, read by the kernels as a runtime argument
+HOST_MATH = (ir.SqrtOp, ir.RsqrtOp, ir.RecipOp, ir.ExpOp, ir.LogOp, ir.TanhOp, ir.ErfOp, ir.SigmoidOp, ir.NegOp,
+             ir.AbsOp)
 SFPU_BINARY = {ir.AddOp: "add", ir.SubOp: "sub", ir.MulOp: "mul", ir.DivOp: "div"}
 SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.SigmoidOp: "sigmoid", ir.TanhOp: "tanh",
               ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.NegOp: "negative", ir.AbsOp: "abs", ir.ErfOp: "erf"}
@@ -426,7 +430,7 @@ class Lowering:
             r = self.host_op(k.CoreIndexOp())
         elif isinstance(op, t.BlockNumOp):
             r = self.cores
-        elif isinstance(op, (*SCALAR_OPS, t.PlatformOp)):
+        elif isinstance(op, (*SCALAR_OPS, t.PlatformOp)) or (isinstance(op, HOST_MATH) and kind(v) == "float"):
             c = op.clone_without_regions()
             for i, o in enumerate(op.operands):
                 c.operands[i] = self.host_val(o)
@@ -784,6 +788,8 @@ class Lowering:
             a, b = (self.node(o) for o in op.operands)
             self.env[op.results[0]] = Node("binary", [a, b], fn=SFPU_BINARY[type(op)])
             return
+        if isinstance(op, HOST_MATH) and kind(op.results[0]) == "float":
+            return  # (a float scalar: its users read it through node(), from the host: host_val)
         if type(op) in SFPU_UNARY:
             self.env[op.results[0]] = Node("unary", [self.env[op.operands[0]]], fn=SFPU_UNARY[type(op)])
             return
