@@ -4,10 +4,12 @@ offset (``sched.prefetch ... shift``, :func:`opgen.lower.cpu_map.shifted_streams
 Rotary-embedding backward (a concat of two column spans, written only in tests/test_shapes_dsl.py)
 on the CPU pipeline's IR: one loop over the heads holding both spans, the rotated half's rows
 prefetched ahead; the built library against a float64 numpy reference, bitwise against the op
-built without the pass, and under ASan/UBSan. The legality rule on hand-written sched IR:
-siblings fuse where each iteration touches only its own slice of every buffer they write (or that
-may alias one), and not where one reads another iteration's slice, writes a buffer without the
-counter, or holds a serial loop.
+built without the pass, and under ASan/UBSan. Softmax backward over the last axis of attention
+scores (B, H, S, S): its row sums and the rows' second pass in one nest (the sums' scratch and
+the output sliced by the heads' counter at different axes), against PyTorch and bitwise the
+unfused build. The legality rule on hand-written sched IR: siblings fuse where each iteration
+touches only its own slice of every buffer they write (or that may alias one), and not where one
+reads another iteration's slice, writes a buffer without the counter, or holds a serial loop.
 """
 
 from __future__ import annotations
@@ -30,18 +32,35 @@ from tests.ops_dirs import built_ops, built_ops_patched
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 from tests.test_shapes_dsl import ROPE
 
+ATTN = '''
+"""Softmax backward over the last axis of attention scores."""
+from opgen.dsl import *
+
+B, H, S = dims("B H S")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def attn_softmax_backward(grad: Tensor[T, B, H, S, S], y: Tensor[T, B, H, S, S], *, dx: Output[T, B, H, S, S]):
+    """dx = y (g - sum(g y)) over the last axis."""
+    g = cast(grad, f32)
+    yf = cast(y, f32)
+    return {"dx": yf * (g - sum(g * yf, axis=-1, keepdims=True))}
+'''
+SOURCES = {"rope.py": ROPE, "attn.py": ATTN}
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    with built_ops(tmp_path_factory.mktemp("fuse_siblings"), "opgen_test_fuse_siblings", {"rope.py": ROPE}) as b:
+    with built_ops(tmp_path_factory.mktemp("fuse_siblings"), "opgen_test_fuse_siblings", SOURCES) as b:
         yield b
 
 
 @pytest.fixture(scope="module")
 def unfused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """The same op built without the pass."""
+    """The same ops built without the pass."""
     with built_ops_patched(tmp_path_factory.mktemp("fuse_siblings_off"), "opgen_test_fuse_siblings_off",
-                           {"rope.py": ROPE}, fuse_siblings, "ENABLED", False) as b:
+                           SOURCES, fuse_siblings, "ENABLED", False) as b:
         yield b["lib"]
 
 
@@ -117,6 +136,56 @@ def test_results_match_numpy_and_the_unfused_build(built, unfused, rng, dt, shap
     assert np.array_equal(got.view(np.uint8), off.view(np.uint8))
 
 
+def test_attention_rows_are_summed_and_rewritten_in_one_nest(built):
+    """Softmax backward on (B, H, S, S): one loop over the heads, one over the rows, and in it the
+    row's sum (``lanes``) then its second pass (``stream``, prefetching the next row): the row is
+    read again from cache. Without the pass: a nest of sums, then a nest of second passes."""
+    def heads(stage: str) -> list[s.ForOp]:
+        m = pipeline.run(registry.get("attn_softmax_backward").module(), "cpu", until=stage)
+        (k,) = [o for o in m.body.block.ops if isinstance(o, s.KernelOp)]
+        (batch,) = _loops(k)  # type: ignore[arg-type]
+        return _loops(batch)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(fuse_siblings, "ENABLED", True)  # (the unfused build's fixture, if up, turned it off)
+    try:
+        (h,) = heads("map-cpu")
+    finally:
+        mp.undo()
+    (rows,) = _loops(h)
+    total, second = _loops(rows)
+    assert cpu_mapping(total) == CpuMapping.LANES and cpu_mapping(second) == CpuMapping.STREAM
+    nxt = [o for o in second.body.block.ops if isinstance(o, s.PrefetchOp) and o.idx[2] is not rows.iv]
+    assert len(nxt) == 2  # (grad's and y's next row)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(fuse_siblings, "ENABLED", False)
+    try:
+        assert len(heads("fuse-siblings")) == 2
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 3, 5), (1, 2, 64), (2, 2, 97)])
+def test_attention_softmax_backward_matches_torch_and_the_unfused_build(built, unfused, rng, dt, shape):
+    """Against PyTorch's softmax backward (float64 on the same values; and its own in the dtype),
+    and bitwise the build without the pass."""
+    import torch
+
+    from tests.reference import assert_close_policy, t64, tt
+
+    name = "f32" if dt == np.float32 else "bf16"
+    b, h, n = shape
+    g = rng.standard_normal((b, h, n, n)).astype(dt)
+    y = torch.softmax(torch.tensor(rng.standard_normal((b, h, n, n))), -1).numpy().astype(dt)
+    got = np.asarray(runtime.call("attn_softmax_backward", lib=built["lib"], grad=g, y=y)["dx"])
+    off = np.asarray(runtime.call("attn_softmax_backward", lib=unfused, grad=g, y=y)["dx"])
+    assert np.array_equal(got.view(np.uint8), off.view(np.uint8))
+    ref = torch.ops.aten._softmax_backward_data(t64(g), t64(y), -1, torch.float64)
+    same = torch.ops.aten._softmax_backward_data(tt(g, name), tt(y, name), -1, tt(g, name).dtype)
+    assert_close_policy(got, ref, same, name, f"attention softmax backward {shape}")
+
+
 SANITIZED = textwrap.dedent("""
     import sys, numpy as np, ml_dtypes
     from opgen import runtime
@@ -129,6 +198,11 @@ SANITIZED = textwrap.dedent("""
             runtime.call("rope_backward", lib=lib, grad=grad, cos=cs, sin=cs[::-1].copy())
             wide = rng.standard_normal((n, h, 2 * d)).astype(dt)  # (rows apart)
             runtime.call("rope_backward", lib=lib, grad=wide[..., ::2], cos=cs, sin=cs)
+        for b, h, n in ((1, 1, 1), (2, 3, 5), (1, 2, 64), (2, 2, 97)):
+            g = rng.standard_normal((b, h, n, 2 * n)).astype(dt)
+            runtime.call("attn_softmax_backward", lib=lib, grad=g[..., :n], y=g[..., n:])
+            runtime.call("attn_softmax_backward", lib=lib, grad=np.ascontiguousarray(g[..., :n]),
+                         y=np.ascontiguousarray(g[..., n:]))
     print("done")
 """)
 
@@ -180,10 +254,23 @@ COPY_XY = (f"%a = sched.load %x[%i, %j] : {BUF % 'in'} -> {F32}\n"
      ', may_alias = {y = "x"}', "parallel", 0),
     ("a serial inner loop", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
                             f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n", "", "serial", 0),
+    ("a reduce inner loop", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
+                            f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n", "", "reduce", 1),
+    ("writes z transposed", f"%b = sched.load %y[%p, %q] : {BUF % 'out'} -> {F32}\n"
+                            f"sched.store %b, %z[%q, %p] : {F32}, {BUF % 'out'}\n", "", "parallel", 2),
+    ("x may alias y, z transposed", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
+                                    f"sched.store %b, %z[%q, %p] : {F32}, {BUF % 'out'}\n",
+     ', may_alias = {y = "x"}', "parallel", 2),
+    ("z may alias y, z transposed", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
+                                    f"sched.store %b, %z[%q, %p] : {F32}, {BUF % 'out'}\n",
+     ', may_alias = {z = "x", y = "x"}', "parallel", 0),
 ])
 def test_siblings_fuse_only_where_each_iteration_keeps_to_its_slice(case, b_body, alias, kind, fusions):
     """The first loop copies x's row i into y's; the second fuses when it reads y only at its
-    own row, or x anywhere (read only) — the row loops, then the column loops now siblings in the
-    fused body (2) — and not when it reads another row of y, writes one row of z for all p,
-    reads x elsewhere while x may alias y, or holds a serial loop (0)."""
+    own row, or x anywhere (read only), or writes z's column p (each buffer's own slice, at its
+    own axis) — the row loops, then the column loops now siblings in the fused body (2); the row
+    loops only where the second's inner loop is a reduce loop (1) — and not when it reads
+    another row of y, writes one row of z for all p, reads x elsewhere while x may alias y,
+    writes z's columns while z and y may alias the same x (the aliased buffers' slices at
+    different axes), or holds a serial loop (0)."""
     assert _fusions(COPY_XY, b_body, alias, kind) == fusions, case

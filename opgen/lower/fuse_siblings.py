@@ -11,15 +11,19 @@ memory: rope backward 4096x32x128 (outputs given, 2 threads, the same bits) f32 
 Two loops ``A`` and ``B``, ``B`` right after ``A`` in the same block, fuse when:
 
 * both are ``sched.for parallel`` with the same ``lo`` and ``hi`` values and hold no matmul,
-  packing, segment table, check, or loop but a ``parallel`` one (a column sum down a serial loop
-  is column-strips' pattern, one nest at a time: LayerNorm's two final column sums fused lost
-  their 64-column strips, bf16 4.2 -> 6.3 ms);
-* every buffer either writes (but the allocations inside them), and every caller buffer that
-  may alias another parameter, is accessed in both only at indices naming the loop's own
-  counter at one and the same axis (:func:`opgen.lower.sched.counter_axes`): iteration ``i`` of
-  one never touches what iteration ``j != i`` of the other does, so ``A(i)`` then ``B(i)`` for
-  each ``i`` computes what all of ``A`` then all of ``B`` did, bit for bit. Buffers only read
-  are free.
+  packing, segment table, check, or ``serial`` loop (a column sum down a serial loop is
+  column-strips' pattern, one nest at a time: LayerNorm's two final column sums fused lost
+  their 64-column strips, bf16 4.2 -> 6.3 ms); a ``reduce`` loop (a row's sum) may be inside;
+* every buffer either writes (but the allocations inside them) is accessed in both only at
+  indices naming the loop's own counter at one axis, the same for all its accesses
+  (:func:`opgen.lower.sched.counter_axes`), and every caller buffer that may alias another
+  parameter at one axis common to all of them: iteration ``i`` of one never touches what
+  iteration ``j != i`` of the other does, so ``A(i)`` then ``B(i)`` for each ``i`` computes what
+  all of ``A`` then all of ``B`` did, bit for bit. Buffers only read are free. A softmax over
+  the last axis of a 4-D tensor (attention scores ``(B, H, S, S)``) lowered to a nest of row sums
+  into ``sum[h, s]`` and then a nest reading them and writing ``dx[b, h, s, :]``: the counter of
+  ``h`` at axis 0 of one and axis 1 of the other, each buffer's slices its own; fused, each row
+  is read a second time from cache instead of from memory (below).
 
 ``B``'s body goes after ``A``'s in ``A``, its counter replaced by ``A``'s; a third sibling may
 follow.
@@ -48,13 +52,17 @@ def fusible(a: s.ForOp, b: s.ForOp, aliased: set[SSAValue]) -> bool:
         for o in loop.walk():
             if isinstance(o, s.OPAQUE):
                 return False
-            if isinstance(o, s.ForOp) and o.kind.data != "parallel":
+            if isinstance(o, s.ForOp) and o.kind.data == "serial":
                 return False
             if isinstance(o, s.AllocOp):
                 local.add(o.result)
     shared = (s.effects(a)[1] | s.effects(b)[1] | aliased) - local
-    axes = s.counter_axes(a, shared) | s.counter_axes(b, shared)
-    return len(axes) <= 1 and -1 not in axes
+    groups = [{buf} for buf in shared - aliased] + [shared & aliased]  # (buffers that may alias: one group)
+    for group in groups:
+        axes = s.counter_axes(a, group) | s.counter_axes(b, group)
+        if len(axes) > 1 or -1 in axes:
+            return False
+    return True
 
 
 def fuse(a: s.ForOp, b: s.ForOp) -> None:
