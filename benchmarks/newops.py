@@ -6,7 +6,8 @@ from saved per-channel statistics, dropout backward with a bool mask, a transpos
 middle axis;
 tests/test_gemm_operands.py: a linear layer over batched rows, in f16 here;
 tests/test_ascendc.py: SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py:
-rotary-embedding backward; tests/test_flat_chunks.py: an Adam step over a flat parameter vector).
+rotary-embedding backward; tests/test_flat_chunks.py: an Adam step over a flat parameter vector;
+tests/test_fuse_siblings.py: softmax backward over attention scores (B, H, S, S)).
 They are written into build/bench-ops/ and built there with ``opgen build --out`` (incremental),
 and each row runs against the faster of PyTorch autograd and the explicit aten kernel a user
 would call.
@@ -37,6 +38,7 @@ def library() -> Any:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
     from tests.test_flat_chunks import FLAT_OPS
+    from tests.test_fuse_siblings import ATTN
     from tests.test_gemm_operands import OPS as GEMM_OPS
     from tests.test_new_op_backends import BATCH_NORM, DROPOUT, GELU, GELU_TANH, LINEAR, LN_CAST, NARROW, TRANSPOSED
     from tests.test_shapes_dsl import ROPE
@@ -45,7 +47,7 @@ def library() -> Any:
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
                        ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW), ("gemm_ops.py", GEMM_OPS),
                        ("batch_norm.py", BATCH_NORM), ("dropout.py", DROPOUT), ("transposed.py", TRANSPOSED),
-                       ("flat.py", FLAT_OPS)):
+                       ("flat.py", FLAT_OPS), ("attn.py", ATTN)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -249,6 +251,27 @@ def _rope_row(lib: Any, alternate: Callable[..., tuple[float, float]], np_of: Ca
                 N, theirs, (2 * N * H * D + 2 * N * D) * es)
 
 
+def _attention_row(lib: Any, alternate: Callable[..., tuple[float, float]],
+                   np_of: Callable[[torch.Tensor], np.ndarray], dt: torch.dtype, shape: tuple[int, int, int],
+                   g: torch.Generator) -> dict:
+    """Softmax backward over the last axis of attention scores (B, H, S, S): memory-bound, no
+    in-cache estimate (a head's rows do not fit)."""
+    B, H, S = shape
+    gy = torch.randn(B, H, S, S, generator=g).to(dt)
+    y = torch.softmax(torch.randn(B, H, S, S, generator=g), -1).to(dt)
+    xr = torch.zeros(B, H, S, S, dtype=dt, requires_grad=True)
+    out = torch.softmax(xr, -1)
+    theirs = _fastest([lambda: torch.ops.aten._softmax_backward_data(gy, y, -1, dt),
+                       lambda: torch.autograd.grad(out, xr, gy, retain_graph=True)])
+
+    def make(n: int) -> dict:
+        return {"grad": np_of(gy[:n]), "y": np_of(y[:n]), "dx": aligned_zeros((n, H, S, S), np_of(gy).dtype)}
+
+    return _row(lib, alternate, f"new: softmax_backward, attention {B}x{H}x{S}x{S} {str(dt)[6:]}",
+                "attn_softmax_backward", make, ("dx",), B, theirs, 3 * B * H * S * S * gy.element_size(),
+                in_cache=False)
+
+
 def _adam_row(lib: Any, alternate: Callable[..., tuple[float, float]], n: int, g: torch.Generator) -> dict:
     """An Adam step over a flat f32 parameter vector of ``n`` (1-D: chunk-flat-loops), in place
     on both sides (the op's outputs are its inputs: may_alias), against the faster of PyTorch's
@@ -296,6 +319,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
         out += _memory_bound_rows(lib, alternate, np_of, dt, (N, D), g)
         out.append(_rope_row(lib, alternate, np_of, dt, (1024, 8, 64) if quick else (4096, 32, 128), g))
         out += _layout_rows(lib, alternate, np_of, dt, (N, D), g)
+        out.append(_attention_row(lib, alternate, np_of, dt, (2, 4, 256) if quick else (4, 16, 1024), g))
     out.append(_adam_row(lib, alternate, N * D, g))
     # a linear layer with bias and ReLU (f32): compute-bound
     M, K, F = (512, 256, 256) if quick else (4096, 2048, 2048)

@@ -23,7 +23,8 @@ Two loops ``A`` and ``B``, ``B`` right after ``A`` in the same block, fuse when:
   the last axis of a 4-D tensor (attention scores ``(B, H, S, S)``) lowered to a nest of row sums
   into ``sum[h, s]`` and then a nest reading them and writing ``dx[b, h, s, :]``: the counter of
   ``h`` at axis 0 of one and axis 1 of the other, each buffer's slices its own; fused, each row
-  is read a second time from cache instead of from memory (below).
+  is read a second time from cache instead of from memory (4x16x1024x1024, 2 threads, outputs
+  given, the libraries alternating: f32 19.8 -> 13.3 ms, bf16 9.4 -> 5.3; PyTorch 24.2, 16.2).
 
 ``B``'s body goes after ``A``'s in ``A``, its counter replaced by ``A``'s; a third sibling may
 follow.
