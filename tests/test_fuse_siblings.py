@@ -239,31 +239,27 @@ COPY_XY = (f"%a = sched.load %x[%i, %j] : {BUF % 'in'} -> {F32}\n"
            f"sched.store %a, %y[%i, %j] : {F32}, {BUF % 'out'}\n")
 
 
+def _copy_to_z(src: str, at: str, to: str) -> str:
+    """The second loop's body: z[to] = src[at] (src x, an input, or y, the first loop's output)."""
+    return (f"%b = sched.load %{src}[{at}] : {BUF % ('in' if src == 'x' else 'out')} -> {F32}\n"
+            f"sched.store %b, %z[{to}] : {F32}, {BUF % 'out'}\n")
+
+
+OTHER_ROW = f"%r = opgen.sub %n, %p : {I64}\n%r1 = opgen.sub %r, %c1 : {I64}\n"
+
+
 @pytest.mark.parametrize("case, b_body, alias, kind, fusions", [
-    ("reads y at its own row", f"%b = sched.load %y[%p, %q] : {BUF % 'out'} -> {F32}\n"
-                               f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n", "", "parallel", 2),
-    ("reads y at another row", f"%r = opgen.sub %n, %p : {I64}\n%r1 = opgen.sub %r, %c1 : {I64}\n"
-                               f"%b = sched.load %y[%r1, %q] : {BUF % 'out'} -> {F32}\n"
-                               f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n", "", "parallel", 0),
-    ("writes z at row 0", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
-                          f"sched.store %b, %z[%c0, %q] : {F32}, {BUF % 'out'}\n", "", "parallel", 0),
-    ("reads x only", f"%b = sched.load %x[%c0, %q] : {BUF % 'in'} -> {F32}\n"
-                     f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n", "", "parallel", 2),
-    ("x may alias y, read at row 0", f"%b = sched.load %x[%c0, %q] : {BUF % 'in'} -> {F32}\n"
-                                     f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n",
-     ', may_alias = {y = "x"}', "parallel", 0),
-    ("a serial inner loop", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
-                            f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n", "", "serial", 0),
-    ("a reduce inner loop", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
-                            f"sched.store %b, %z[%p, %q] : {F32}, {BUF % 'out'}\n", "", "reduce", 1),
-    ("writes z transposed", f"%b = sched.load %y[%p, %q] : {BUF % 'out'} -> {F32}\n"
-                            f"sched.store %b, %z[%q, %p] : {F32}, {BUF % 'out'}\n", "", "parallel", 2),
-    ("x may alias y, z transposed", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
-                                    f"sched.store %b, %z[%q, %p] : {F32}, {BUF % 'out'}\n",
-     ', may_alias = {y = "x"}', "parallel", 2),
-    ("z may alias y, z transposed", f"%b = sched.load %x[%p, %q] : {BUF % 'in'} -> {F32}\n"
-                                    f"sched.store %b, %z[%q, %p] : {F32}, {BUF % 'out'}\n",
-     ', may_alias = {z = "x", y = "x"}', "parallel", 0),
+    ("reads y at its own row", _copy_to_z("y", "%p, %q", "%p, %q"), "", "parallel", 2),
+    ("reads y at another row", OTHER_ROW + _copy_to_z("y", "%r1, %q", "%p, %q"), "", "parallel", 0),
+    ("writes z at row 0", _copy_to_z("x", "%p, %q", "%c0, %q"), "", "parallel", 0),
+    ("reads x only", _copy_to_z("x", "%c0, %q", "%p, %q"), "", "parallel", 2),
+    ("x may alias y, read at row 0", _copy_to_z("x", "%c0, %q", "%p, %q"), ', may_alias = {y = "x"}', "parallel", 0),
+    ("a serial inner loop", _copy_to_z("x", "%p, %q", "%p, %q"), "", "serial", 0),
+    ("a reduce inner loop", _copy_to_z("x", "%p, %q", "%p, %q"), "", "reduce", 1),
+    ("writes z transposed", _copy_to_z("y", "%p, %q", "%q, %p"), "", "parallel", 2),
+    ("x may alias y, z transposed", _copy_to_z("x", "%p, %q", "%q, %p"), ', may_alias = {y = "x"}', "parallel", 2),
+    ("z may alias y, z transposed", _copy_to_z("x", "%p, %q", "%q, %p"), ', may_alias = {z = "x", y = "x"}',
+     "parallel", 0),
 ])
 def test_siblings_fuse_only_where_each_iteration_keeps_to_its_slice(case, b_body, alias, kind, fusions):
     """The first loop copies x's row i into y's; the second fuses when it reads y only at its

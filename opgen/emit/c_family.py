@@ -1123,8 +1123,8 @@ class CPrinter:
             flag = f"nt_{cnames.local(names[op.buf])}"
             self.nt[op.buf] = flag
             size = self.caller_bytes(op.buf)
-            same = (f" && (const void *){self.name(op.buf)} != (const void *){self.name(args[partners[names[op.buf]]])}"
-                    if names[op.buf] in partners else "")
+            partner = args.get(partners.get(names[op.buf], ""))
+            same = f" && (const void *){self.name(op.buf)} != (const void *){self.name(partner)}" if partner else ""
             self.line(f"const int {flag} = opgen_nt({self.name(op.buf)}, {size}){same}; (void){flag};")
             info = self.buf_info[self.arg_of[op.buf]]
             if not info.batch and any(ZERO_FILL in o.attributes for o in self.k.walk()
