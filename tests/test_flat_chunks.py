@@ -62,6 +62,14 @@ def gather_scale(table: Tensor[T, M], at: Tensor[i64, N], w: Tensor[T, N], *, y:
 
 
 @op
+def sq_norm(g: Tensor[T, N], *, s: Output[f32]):
+    """s = sum(g^2), a 1-D tensor summed whole (chunks' partials; before: every target's
+    lowering read each chunk's partial before the chunk loop, an internal error)."""
+    gf = cast(g, f32)
+    return {"s": sum(gf * gf)}
+
+
+@op
 def silu_rows(x: Tensor[T, N, D], *, y: Output[T, N, D]):
     """y = x sigmoid(x) on a 2-D tensor: rows already (not rewritten)."""
     xf = cast(x, f32)
@@ -171,6 +179,33 @@ def test_flat_silu_and_gather_against_pytorch(built, rng, T):
         assert_close_policy(got, ref, same, T, f"gather n={n}")
 
 
+@pytest.mark.parametrize("T", ["f32", "bf16", "f16"])
+def test_a_1d_tensor_summed_whole(built, rng, T):
+    """sum(g^2) of a 1-D tensor (partials of chunks, then their sum in order) against PyTorch,
+    every length around the chunks, unit-stride and strided; the same bits on 1 and 3 threads
+    (the partials do not depend on the team)."""
+    import ctypes
+
+    gomp = ctypes.CDLL("libgomp.so.1")
+    team = gomp.omp_get_max_threads()
+    for n in SIZES:
+        g = rounded(rng.standard_normal(2 * n), T)
+        for gs in (g[:n], g[::2]):
+            got = {}
+            for threads in (1, 3):
+                gomp.omp_set_num_threads(threads)
+                try:
+                    got[threads] = np.asarray(runtime.call("sq_norm", lib=built["lib"], g=gs)["s"])
+                finally:
+                    gomp.omp_set_num_threads(team)
+            assert got[1].tobytes() == got[3].tobytes(), n
+            ref = (t64(gs) ** 2).sum()
+            same = (tt(gs, T).float() ** 2).sum()
+            assert_close_policy(got[1], ref, same, "f32", f"sq_norm {T} n={n}")
+            orc = oracle.run(built["ops"]["sq_norm"], g=gs.copy())["s"]
+            assert_close_policy(orc, ref, same, "f32", f"oracle sq_norm {T} n={n}")
+
+
 def test_chunks_give_the_same_bits_as_one_loop(built, unchunked, rng, tmp_path):
     """Each element is computed by the same operations: the chunked library's results are bitwise
     those of the library built without the pass, for cached and streaming stores (OPGEN_NT_BYTES
@@ -218,6 +253,8 @@ for n in (1, 15, 33, 16383, 16384, 16385, 49169):
         runtime.call("silu_flat", lib=lib, x=x[::2])
         off = np.zeros(n + 5, dt)[5:]  # (an output off a line)
         runtime.call("silu_flat", lib=lib, x=x[1:n + 1], y=off)
+        runtime.call("sq_norm", lib=lib, g=x[::2])
+        runtime.call("sq_norm", lib=lib, g=x[1:n + 1])
         table = rng.standard_normal(7).astype(dt)
         runtime.call("gather_scale", lib=lib, table=table, at=rng.integers(0, 7, n), w=x[::2])
 print("done")

@@ -106,7 +106,9 @@ class _Builder:
         """A ``temp``/``local`` buffer of ``shape`` with its sizes as values, inserted as a
         statement of the innermost level (``top``: of the outermost, before the nest being built)."""
         a = s.AllocOp(s.BufType.make(list(shape), dtype, role), [self.dim(d) for d in shape], zero=zero)
-        self._insert(a, 0 if top else len(self.levels) - 1)
+        level = 0 if top else len(self.levels) - 1
+        self._insert(a, level)
+        self.level_of[a.result] = level  # (a load of it, even at no index, goes no higher)
         return a
 
     def open(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str) -> SSAValue:
