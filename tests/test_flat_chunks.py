@@ -181,10 +181,19 @@ def test_flat_silu_and_gather_against_pytorch(built, rng, T):
 
 @pytest.mark.parametrize("T", ["f32", "bf16", "f16"])
 def test_a_1d_tensor_summed_whole(built, rng, T):
-    """sum(g^2) of a 1-D tensor (partials of chunks, then their sum in order) against PyTorch,
-    every length around the chunks, unit-stride and strided; the same bits on 1 and 3 threads
-    (the partials do not depend on the team)."""
+    """sum(g^2) of a 1-D tensor (partials of chunks of FULL_SUM_CHUNK elements, each added in
+    map-cpu's fixed lanes, then the partials in order) against PyTorch, every length around the
+    chunks, unit-stride and strided; the same bits on 1 and 3 threads (the partials do not depend
+    on the team)."""
     import ctypes
+
+    from opgen.lower.to_loops import FULL_SUM_CHUNK
+
+    chunks, _ = _loops(built, "sq_norm")  # (the chunks, then the partials summed in order)
+    (lanes,) = [o for o in chunks.body.block.ops if isinstance(o, s.ForOp)]
+    assert lanes.kind.data == "reduce" and cpu_map.cpu_mapping(lanes) == s.CpuMapping.LANES
+    partials = next(o for o in chunks.walk() if isinstance(o, s.StoreOp)).buf
+    assert list(s.buf_type(partials).shape) == [f"cdiv(N,{FULL_SUM_CHUNK})"]
 
     gomp = ctypes.CDLL("libgomp.so.1")
     team = gomp.omp_get_max_threads()

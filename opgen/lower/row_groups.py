@@ -20,7 +20,7 @@ from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
+from opgen.lower.to_loops import FULL_SUM_CHUNK, NotFusable, _Builder, _Lowering
 
 
 def column_sum(v: SSAValue) -> ir.ReduceOp | None:
@@ -151,8 +151,13 @@ class RowGroupLowering(_Lowering):
             [ir.tensor_type(v).shape[1:] for _, v in g.outputs]
         skip = b.empty(*rests)
         partials: list[tuple[str, ir.ReduceOp, SSAValue, SSAValue]] = []
+        # a 1-D tensor summed whole (no output, nothing after the rows' axis): the chunk's rows, one
+        # element each, added in map-cpu's fixed lanes (_Lowering.full_sum_lanes)
+        lanes = (self.full_sum_lanes and bool(g.colreds) and not g.outputs and not g.rowlocal
+                 and all(not ir.tensor_type(r.x).shape[1:] for _, r in g.colreds))
+        chunk = FULL_SUM_CHUNK if lanes else self.chunk
+        nchunk = f"cdiv({x_dim},{chunk})"
         if g.colreds:
-            nchunk = f"cdiv({x_dim},{self.chunk})"
             for name, r in g.colreds:
                 rest = list(ir.tensor_type(r.result).shape)
                 p = _Builder(self.kblock).alloc([nchunk, *rest], ir.tensor_type(r.x).dtype, "temp", top=True)
@@ -163,7 +168,7 @@ class RowGroupLowering(_Lowering):
                 rest = list(ir.tensor_type(r.result).shape)
                 a = b.alloc(rest, ir.tensor_type(r.x).dtype, "local", zero=True)
                 accs.append(a.result)
-            x = b.open(*self.chunk_rows(b, c, x_dim), "serial", "x")
+            x = b.open(*self.chunk_rows(b, c, x_dim, chunk), "reduce" if lanes else "serial", "x")
         else:
             (x,) = b.loops([x_dim], "parallel", "x", skip_if=skip)
             accs = []
@@ -213,7 +218,7 @@ class RowGroupLowering(_Lowering):
                 b.close_n(len(inner))
             b.close()  # c
             for name, r, p, _ in partials:
-                self.combine_partials(r, p, self.arg(name), f"cdiv({x_dim},{self.chunk})")
+                self.combine_partials(r, p, self.arg(name), nchunk)
 
     def row_value(self, b: _Builder, m: SSAValue, x: SSAValue) -> None:
         """Compute row ``x`` of ``m`` into a per-row scratch buffer."""

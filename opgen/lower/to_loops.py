@@ -33,6 +33,8 @@ MATERIALISED = (ir.ReduceOp, ir.ScatterAddOp, ir.BincountOp, ir.MatmulOp, ir.Con
 
 #: rows of the leading dim per partial of a column sum (a target may take fewer: the GPU's)
 COLUMN_CHUNK = 32
+#: elements per partial of a 1-D tensor summed whole where sums run in lanes (``full_sum_lanes``)
+FULL_SUM_CHUNK = 16384
 
 
 class NotFusable(Exception):
@@ -168,6 +170,12 @@ class _Builder:
 
 
 class _Lowering:
+    #: a sum down to one value per kept index (a 1-D tensor, or every axis, summed whole) adds its
+    #: innermost axis in a ``reduce`` loop (map-cpu's fixed lanes: vector adds, the order fixed)
+    #: instead of one element after another, and a 1-D tensor's partials take FULL_SUM_CHUNK
+    #: elements each, not COLUMN_CHUNK (set by LowerToLoops' ``full_sum_lanes``: the CPU's)
+    full_sum_lanes: bool = False
+
     def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int | None = None):
         self.func = func
         self.chunk = chunk or COLUMN_CHUNK  # rows per partial of a column sum
@@ -535,10 +543,12 @@ class _Lowering:
             self.column_sums(ops, dsts)
             i += len(ops)
 
-    def chunk_rows(self, b: _Builder, c: SSAValue, rows: str) -> tuple[SSAValue, SSAValue]:
-        """[lo, hi): the rows of dim ``rows`` in chunk ``c`` (``self.chunk`` rows, the last fewer)."""
-        lo = b.scalar(ir.MulOp(c, b.const(self.chunk, "i64")))
-        return lo, b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(self.chunk, "i64"))), b.dim(rows)))
+    def chunk_rows(self, b: _Builder, c: SSAValue, rows: str, chunk: int | None = None) -> tuple[SSAValue, SSAValue]:
+        """[lo, hi): the rows of dim ``rows`` in chunk ``c`` (``chunk`` rows, by default
+        ``self.chunk``; the last fewer)."""
+        chunk = chunk or self.chunk
+        lo = b.scalar(ir.MulOp(c, b.const(chunk, "i64")))
+        return lo, b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(chunk, "i64"))), b.dim(rows)))
 
     def column_sums(self, ops: Sequence[ir.ReduceOp], dsts: Sequence[SSAValue]) -> None:
         """Column sums (:meth:`column_sum_op`, over the same axes of one shape) walked row by row:
@@ -554,11 +564,15 @@ class _Lowering:
         pre, summed = list(src.shape[:axes[0]]), list(src.shape[axes[0]:axes[-1] + 1])
         rest = list(src.shape[axes[-1] + 1:])
         b = _Builder(self.kblock)
-        nchunk = f"cdiv({summed[0]},{self.chunk})"
+        lanes = self.full_sum_lanes and not rest
+        chunk = FULL_SUM_CHUNK if lanes and len(summed) == 1 else self.chunk
+        kinds = ["serial"] * (len(summed) - 1) + ["reduce" if lanes else "serial"]
+        nchunk = f"cdiv({summed[0]},{chunk})"
         partials = [_Builder(self.kblock).alloc([*pre, nchunk, *rest], src.dtype, "temp", top=True).result for _ in ops]
         *at, c = b.loops([*pre, nchunk], "parallel", "c", skip_if=b.empty(rest))
         accs = [b.alloc(rest, src.dtype, "local", zero=True).result for _ in ops]
-        rows = [b.open(*self.chunk_rows(b, c, summed[0]), "serial", "x"), *b.loops(summed[1:], "serial", "y")]
+        rows = [b.open(*self.chunk_rows(b, c, summed[0], chunk), kinds[0], "x")]
+        rows += [b.loops([d], kind, f"y{i}")[0] for i, (d, kind) in enumerate(zip(summed[1:], kinds[1:], strict=True))]
         inner = b.loops(rest, "parallel", "d")
         for op, acc in zip(ops, accs, strict=True):
             b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*at, *rows, *inner]), acc, inner))
@@ -794,25 +808,28 @@ def reshape_index(b: _Builder, src: Sequence[str], dst: Sequence[str], idx: Sequ
 
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
                chain_rows: int | None = None, chain_groups: int | None = None,
-               column_chunk: int | None = None) -> s.KernelOp:
+               column_chunk: int | None = None, full_sum_lanes: bool = False) -> s.KernelOp:
     """Lower one function; with ``fuse``, matmul chains (opgen.lower.matmul_chain, tiles of
     ``chain_rows`` rows; one pass over ``chain_groups`` column groups when given) or row groups
     (opgen.lower.row_groups, column partials per ``column_chunk`` rows) are formed where legal,
-    else every materialised value gets its own loop nest."""
+    else every materialised value gets its own loop nest (``full_sum_lanes``: _Lowering's)."""
+    def run(lowering: _Lowering) -> s.KernelOp:
+        lowering.full_sum_lanes = full_sum_lanes
+        return lowering.run()
+
     if fuse:
         from opgen.lower.matmul_chain import ROW_BLOCK, MatmulChainLowering
         from opgen.lower.row_groups import RowGroupLowering
 
         try:
-            return MatmulChainLowering(func, set(aliases), row_block=chain_rows or ROW_BLOCK,
-                                       groups=chain_groups).run()
+            return run(MatmulChainLowering(func, set(aliases), row_block=chain_rows or ROW_BLOCK, groups=chain_groups))
         except NotFusable:
             pass
         try:
-            return RowGroupLowering(func, set(aliases), column_chunk).run()
+            return run(RowGroupLowering(func, set(aliases), column_chunk))
         except NotFusable:
             pass
-    return _Lowering(func, set(aliases), column_chunk).run()
+    return run(_Lowering(func, set(aliases), column_chunk))
 
 
 @dataclass(frozen=True)
@@ -828,11 +845,13 @@ class LowerToLoops(ModulePass):
     chain_groups: int | None = None
     #: rows per partial of a column sum (None: COLUMN_CHUNK)
     column_chunk: int | None = None
+    #: sums down to one value per kept index in lanes (_Lowering.full_sum_lanes)
+    full_sum_lanes: bool = False
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
                 k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows, self.chain_groups,
-                               self.column_chunk)
+                               self.column_chunk, self.full_sum_lanes)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)

@@ -94,7 +94,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # in a table of its 65536 values (opgen/lower/tabulate.py).
     # Index and mask parameters are read in one dtype (i64/bool), converted by the binder: kernels per
     # compute type only.
-    "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
+    "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS, full_sum_lanes=True), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
             HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), CombineAccums(),
             ChunkFlatLoops(), MapCpu(),
@@ -116,7 +116,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # Upstream MLIR: the CPU pipeline's loops, then func/scf/memref/arith/math, one function per
     # dtype binding (opgen/lower/to_std.py); printed in MLIR's textual syntax, which mlir-opt and
     # MLIR's Python bindings parse (generated/mlir/; opgen/mlir.py runs it).
-    "mlir": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
+    "mlir": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS, full_sum_lanes=True), FuseReductions(),
              CommonSubexpressionElimination(), CanonicalizePass(), MatmulIntoOutput(), MapCpu(), LowerToStd(),
              CommonSubexpressionElimination()],
     # Upstream MLIR at the tensor level: the L0 IR as linalg/tensor (value semantics), one function
