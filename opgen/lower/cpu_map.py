@@ -46,17 +46,18 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
   strip is widened at once before its arithmetic (``opgen_f16_load_strip``: two ``vcvtph2ps``
   per 32; SiLU backward f16 in cache 0.47 -> 0.265 ns an element).
 
-* ``nontemporal``: every store into a caller's output of rank 2 or more that the kernel never
-  reads (no load, accumulation, matmul or pack of it; only stores), where each store walks a row
-  in a ``stream`` loop or a ``simd`` one (which then becomes a ``stream`` loop: strips of one
-  line, no prefetches). The strip is staged (f32 too) and stored by the runtime's
-  ``opgen_f32_store_strip``/``opgen_bf16_store_strip``, which, when the output is at least
-  ``opgen_nt_bytes()`` (the last-level cache; decided per call by ``opgen_nt``), writes each
-  whole aligned line around the caches: a line stored whole need not be read first, so such an
-  output costs its bytes once instead of twice (embedding backward f32 V=32000 D=1024, 2 threads,
-  outputs given: 5.89 -> 3.77 ms; RMSNorm backward f32 8192x4096: 11.8 -> 9.6 ms on the Zen 5
-  machine). The write prefetch of a second pass then runs only when the output does not stream;
-  the parallel loop around such stores fences them at its end, on each thread.
+* ``nontemporal``: every store into a caller's output of rank 2 or more (1 in a ``flat`` loop:
+  opgen/lower/flat_chunks.py) that the kernel never reads (no load, accumulation, matmul or pack
+  of it; only stores), where each store walks a row in a ``stream`` loop or a ``simd`` one (which
+  then becomes a ``stream`` loop: strips of one line, no prefetches). The strip is staged (f32
+  too) and stored by the runtime's ``opgen_f32_store_strip``/``opgen_bf16_store_strip``, which,
+  when the output is at least ``opgen_nt_bytes()`` (the last-level cache; decided per call by
+  ``opgen_nt``), writes each whole aligned line around the caches: a line stored whole need not be
+  read first, so such an output costs its bytes once instead of twice (embedding backward f32
+  V=32000 D=1024, 2 threads, outputs given: 5.89 -> 3.77 ms; RMSNorm backward f32 8192x4096: 11.8
+  -> 9.6 ms on the Zen 5 machine). The write prefetch of a second pass then runs only when the
+  output does not stream; the parallel loop around such stores fences them at its end, on each
+  thread.
 
 * ``pairs`` (a unit attribute beside ``lanes`` or ``stream``; ``pair`` on the loop's loads of
   rows that may be bf16): in a bf16 instance the loop's strips run as pairs of consecutive
@@ -272,9 +273,9 @@ def _along_row(op: s.ForOp, idx: list[SSAValue]) -> bool:
 
 def _row_loads(op: s.ForOp, lanes: bool = False, exprs: bool = False) -> list[s.LoadOp]:
     """The loads of an :func:`independent` loop ``op`` (or, ``lanes``, of a lanes loop) that read
-    rows of 2-D or larger buffers: indexed by enclosing loops' counters only (``exprs``: or
-    expressions of them, :func:`counter_expr`), ``op``'s last and nowhere else (one per buffer
-    and index)."""
+    rows (:func:`_along_row`: of 2-D or larger buffers, or 1-D ones in a flat loop): indexed by
+    enclosing loops' counters only (``exprs``: or expressions of them, :func:`counter_expr`),
+    ``op``'s last and nowhere else (one per buffer and index)."""
     if not (lanes or independent(op)):
         return []
     out: dict[tuple[SSAValue, ...], s.LoadOp] = {}
@@ -369,7 +370,7 @@ def shifted_streams(op: s.ForOp, read_before: set[SSAValue]) -> list[tuple[s.Loa
 
 
 def staged_stores(op: s.ForOp) -> list[s.StoreOp]:
-    """The stores of a ``stream`` loop ``op`` it stages: into caller tensors of rank 2 or more,
+    """The stores of a ``stream`` loop ``op`` it stages: into caller tensors' rows (:func:`_along_row`),
     indexed by ``op``'s counter last and nowhere else (a strip's values are consecutive elements
     of one row). An instance whose bound dtype has a block conversion in the printer's table
     (bf16) stages them; others store each value as it comes."""
@@ -378,7 +379,7 @@ def staged_stores(op: s.ForOp) -> list[s.StoreOp]:
 
 
 def staged_loads(op: s.ForOp) -> list[s.LoadOp | s.LoadFnOp]:
-    """The loads of a ``stream`` loop ``op`` it stages: from caller tensors of rank 2 or more,
+    """The loads of a ``stream`` loop ``op`` it stages: from caller tensors' rows (:func:`_along_row`),
     indexed by ``op``'s counter last and nowhere else, by values from outside it before (a strip's
     values are consecutive elements of one row, known before the strip), ahead of every store
     into a caller's tensor, which must all be along the row (widened at the strip's start, a
@@ -506,7 +507,7 @@ def _map(op: Operation, in_parallel: bool) -> None:
 
 def nontemporal_outputs(k: s.KernelOp) -> dict[SSAValue, list[s.StoreOp]]:
     """The outputs of ``k`` whose stores may stream around the caches, with those stores (module
-    docstring): rank 2 or more, used by stores only, each walking a row in a ``stream`` loop
+    docstring): rank 2 or more (1 in a flat loop), used by stores only, each walking a row in a ``stream`` loop
     (staged there) or a ``simd`` loop."""
     out: dict[SSAValue, list[s.StoreOp]] = {}
     for buf in k.body.block.args:

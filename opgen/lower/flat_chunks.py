@@ -42,8 +42,6 @@ CHUNK = 16384
 #: the unit attribute of a chunk's loop (read by map-cpu)
 FLAT = "flat"
 
-_NOT_IN_BODY = (s.ForOp, s.IfOp, s.AllocOp, s.AccumOp, *s.OPAQUE)
-
 
 def flat_loop(loop: s.ForOp) -> bool:
     """Whether ``loop`` is the rewritten shape (module docstring)."""
@@ -51,7 +49,7 @@ def flat_loop(loop: s.ForOp) -> bool:
         return False
     stores = 0
     for o in loop.body.block.ops:
-        if isinstance(o, _NOT_IN_BODY):
+        if isinstance(o, s.NOT_STRAIGHT):
             return False
         if isinstance(o, s.StoreOp):
             if list(o.idx) != [loop.iv]:

@@ -20,7 +20,7 @@ from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.to_loops import FULL_SUM_CHUNK, NotFusable, _Builder, _Lowering
+from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
 
 
 def column_sum(v: SSAValue) -> ir.ReduceOp | None:
@@ -151,11 +151,10 @@ class RowGroupLowering(_Lowering):
             [ir.tensor_type(v).shape[1:] for _, v in g.outputs]
         skip = b.empty(*rests)
         partials: list[tuple[str, ir.ReduceOp, SSAValue, SSAValue]] = []
-        # a 1-D tensor summed whole (no output, nothing after the rows' axis): the chunk's rows, one
-        # element each, added in map-cpu's fixed lanes (_Lowering.full_sum_lanes)
-        lanes = (self.full_sum_lanes and bool(g.colreds) and not g.outputs and not g.rowlocal
+        # a 1-D tensor summed whole (no output, nothing after the rows' axis): sum_walk's lanes
+        whole = (bool(g.colreds) and not g.outputs and not g.rowlocal
                  and all(not ir.tensor_type(r.x).shape[1:] for _, r in g.colreds))
-        chunk = FULL_SUM_CHUNK if lanes else self.chunk
+        chunk, kind = self.sum_walk(whole, 1)
         nchunk = f"cdiv({x_dim},{chunk})"
         if g.colreds:
             for name, r in g.colreds:
@@ -168,7 +167,7 @@ class RowGroupLowering(_Lowering):
                 rest = list(ir.tensor_type(r.result).shape)
                 a = b.alloc(rest, ir.tensor_type(r.x).dtype, "local", zero=True)
                 accs.append(a.result)
-            x = b.open(*self.chunk_rows(b, c, x_dim, chunk), "reduce" if lanes else "serial", "x")
+            x = b.open(*self.chunk_rows(b, c, x_dim, chunk), kind, "x")
         else:
             (x,) = b.loops([x_dim], "parallel", "x", skip_if=skip)
             accs = []

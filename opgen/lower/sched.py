@@ -902,6 +902,9 @@ class TransposeTileOp(IRDLOperation):
 #: vector loops) leave a loop holding one as it is
 OPAQUE: tuple[type[IRDLOperation], ...] = (RequireOp, SegmentsOp, SegmentStartOp, BufferMatmulOp, PackOp,
                                            TransposeTileOp, PrefetchShareOp)
+#: ops a straight-line elementwise body holds none of (tile-transposes' and chunk-flat-loops'
+#: shapes): a loop, a branch, an allocation, an accumulation, or an :data:`OPAQUE` op
+NOT_STRAIGHT: tuple[type[IRDLOperation], ...] = (ForOp, IfOp, AllocOp, AccumOp, *OPAQUE)
 
 
 def scalar_accums(loop: ForOp) -> list[AccumOp]:

@@ -78,7 +78,6 @@ STAGED_TILE = (512, 128)
 #: opgen_<dtype>_transpose_tile, 16x16 in registers with AVX-512)
 STAGED = ("f32", "bf16", "f16")
 
-_NOT_IN_BODY = (s.ForOp, s.IfOp, s.AllocOp, s.AccumOp, *s.OPAQUE)
 
 
 def _nest(p: Operation) -> s.ForOp | None:
@@ -92,7 +91,7 @@ def _nest(p: Operation) -> s.ForOp | None:
     if ir.constant_int(q.lo) != 0 or not s.defined_outside(p, q.hi):
         return None
     body = list(q.body.block.ops)
-    if any(isinstance(o, _NOT_IN_BODY) for o in body):
+    if any(isinstance(o, s.NOT_STRAIGHT) for o in body):
         return None
     stores = [o for o in body if isinstance(o, s.StoreOp)]
     if not stores or any(list(st.idx)[-1] is not q.iv for st in stores):

@@ -550,6 +550,14 @@ class _Lowering:
         lo = b.scalar(ir.MulOp(c, b.const(chunk, "i64")))
         return lo, b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(chunk, "i64"))), b.dim(rows)))
 
+    def sum_walk(self, whole: bool, axes: int) -> tuple[int, str]:
+        """(rows per partial, the kind of the innermost summed loop) of a column sum over
+        ``axes`` axes: ``self.chunk`` rows added in order; with ``full_sum_lanes``, a sum down to
+        one value per kept index (``whole``) adds its innermost summed axis in a ``reduce`` loop,
+        and over one axis (a 1-D tensor summed whole) takes FULL_SUM_CHUNK rows a partial."""
+        lanes = self.full_sum_lanes and whole
+        return (FULL_SUM_CHUNK if lanes and axes == 1 else self.chunk), ("reduce" if lanes else "serial")
+
     def column_sums(self, ops: Sequence[ir.ReduceOp], dsts: Sequence[SSAValue]) -> None:
         """Column sums (:meth:`column_sum_op`, over the same axes of one shape) walked row by row:
         a walk down each column reads its elements a row length apart (BatchNorm backward's column
@@ -564,9 +572,8 @@ class _Lowering:
         pre, summed = list(src.shape[:axes[0]]), list(src.shape[axes[0]:axes[-1] + 1])
         rest = list(src.shape[axes[-1] + 1:])
         b = _Builder(self.kblock)
-        lanes = self.full_sum_lanes and not rest
-        chunk = FULL_SUM_CHUNK if lanes and len(summed) == 1 else self.chunk
-        kinds = ["serial"] * (len(summed) - 1) + ["reduce" if lanes else "serial"]
+        chunk, last = self.sum_walk(not rest, len(summed))
+        kinds = ["serial"] * (len(summed) - 1) + [last]
         nchunk = f"cdiv({summed[0]},{chunk})"
         partials = [_Builder(self.kblock).alloc([*pre, nchunk, *rest], src.dtype, "temp", top=True).result for _ in ops]
         *at, c = b.loops([*pre, nchunk], "parallel", "c", skip_if=b.empty(rest))
