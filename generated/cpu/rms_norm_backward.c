@@ -661,6 +661,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
                 for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
                 int64_t r39 = v1;
                 for (; r39 + 32 <= d_D; r39 += 32) {
+                    #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i34 = r39 + l;
                         const float v40 = opgen_f16_to_f32(p_x[ro_x[v23] + i34]);
@@ -916,6 +917,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
                 for (int l = 0; l < 32; l++) lane206[l] = l ? 0 : l203;
                 int64_t r207 = v1;
                 for (; r207 + 32 <= d_D; r207 += 32) {
+                    #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i204 = r207 + l;
                         const float v208 = opgen_f16_to_f32(p_x[ro_x[i199] + i204]);
@@ -1788,6 +1790,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
                 for (int l = 0; l < 16; l++) lane38[l] = l ? 0 : l33;
                 int64_t r39 = v1;
                 for (; r39 + 16 <= d_D; r39 += 16) {
+                    #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i34 = r39 + l;
                         const float v40 = p_x[ro_x[v23] + i34];
@@ -2035,6 +2038,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
                 for (int l = 0; l < 16; l++) lane204[l] = l ? 0 : l201;
                 int64_t r205 = v1;
                 for (; r205 + 16 <= d_D; r205 += 16) {
+                    #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i202 = r205 + l;
                         const float v206 = p_x[ro_x[i197] + i202];
@@ -2998,6 +3002,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                 for (int l = 0; l < 32; l++) lane38[l] = l ? 0 : l33;
                 int64_t r39 = v1;
                 for (; r39 + 32 <= d_D; r39 += 32) {
+                    #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i34 = r39 + 2 * l; (void)i34;
                         const int64_t i40 = r39 + 2 * l + 1; (void)i40;
@@ -3309,6 +3314,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                 for (int l = 0; l < 32; l++) lane256[l] = l ? 0 : l253;
                 int64_t r257 = v1;
                 for (; r257 + 32 <= d_D; r257 += 32) {
+                    #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i254 = r257 + 2 * l; (void)i254;
                         const int64_t i258 = r257 + 2 * l + 1; (void)i258;

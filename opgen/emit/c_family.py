@@ -857,6 +857,7 @@ class CPrinter:
                 self.line(f"for (; {base} + {n_lanes} <= {hi}; {base} += {n_lanes}) {{")
                 self.depth += 1
                 self.strip_hints(op, hints, base, iv)
+                self.simd_hook()
                 self.depth -= 1
                 self.line(f"    for (int l = 0; l < {n_lanes // 2 if pairs else n_lanes}; l++) {{")
                 if pairs:  # (lane j of each half: the strip's first, then second, elements of pair j)
