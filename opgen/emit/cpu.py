@@ -15,7 +15,7 @@ from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter, c_widen
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import MapCpu, cpu_mapping
+from opgen.lower.cpu_map import COLLAPSE, MapCpu, cpu_mapping
 from opgen.lower.sched import CpuMapping, bindings
 from opgen.lower.to_loops import LowerToLoops
 from opgen.passes import pipeline
@@ -24,10 +24,12 @@ from opgen.passes import pipeline
 class CpuPrinter(CPrinter):
     """OpenMP where map-cpu put it (opgen/lower/cpu_map.py); everything else is plain C."""
 
-    OMP_FOR = "#pragma omp parallel for schedule(static) num_threads(opgen_team())"
+    OMP_FOR = "#pragma omp parallel for{collapse} schedule(static) num_threads(opgen_team())"
     #: an omp_for loop with streaming stores: a region, the loop without its barrier, a fence
     OMP_REGION = "#pragma omp parallel num_threads(opgen_team())"
-    OMP_FOR_NOWAIT = "#pragma omp for schedule(static) nowait"
+    OMP_FOR_NOWAIT = "#pragma omp for{collapse} schedule(static) nowait"
+    #: an omp_for loop sharing the team with the loop in its body (map-cpu's ``collapse``)
+    COLLAPSE = " collapse(2)"
     SIMD = "#pragma omp simd"
     #: print map-cpu's vector loops' pragma (off in the O1 general-stride flavour, which is not
     #: vectorised: the pragma would force it)
@@ -64,12 +66,13 @@ class CpuPrinter(CPrinter):
         return name
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
+        collapse = self.COLLAPSE if COLLAPSE in op.attributes else ""
         if cpu_mapping(op) == CpuMapping.OMP_FOR and self.streams(op):  # (a region that fences its streams)
             self.line(self.OMP_REGION)
             self.line("{")
-            self.line(self.OMP_FOR_NOWAIT)
+            self.line(self.OMP_FOR_NOWAIT.format(collapse=collapse))
         elif cpu_mapping(op) == CpuMapping.OMP_FOR:
-            self.line(self.OMP_FOR)
+            self.line(self.OMP_FOR.format(collapse=collapse))
         super().loop_header_hook(op, iv, lo, hi)
 
     def streams(self, op: s.ForOp) -> bool:
@@ -89,7 +92,7 @@ class CpuPrinter(CPrinter):
 
     def matmul_pragma_hook(self, op: s.BufferMatmulOp) -> None:
         if cpu_mapping(op) == CpuMapping.OMP_FOR:
-            self.line(self.OMP_FOR)
+            self.line(self.OMP_FOR.format(collapse=""))
 
 
 @dataclass

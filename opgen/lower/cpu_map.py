@@ -82,6 +82,7 @@ from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.flat_chunks import FLAT
 from opgen.lower.sched import CpuMapping, CpuMappingAttr
+from opgen.lower.to_loops import CHUNKS
 
 MAPPING = "cpu_mapping"
 #: the fixed lanes of a ``lanes`` reduction that reads no 2-byte element (:func:`lanes`; lane l
@@ -101,6 +102,22 @@ PREFETCH_AHEAD = 2048
 #: each of its loads that reads a row along the loop (:func:`pair_loads`)
 PAIRS = "pairs"
 PAIR = "pair"
+#: an ``omp_for`` loop whose body is a column sum's loop over chunks of rows alone (kept axes
+#: walked outside the chunks: opgen/lower/to_loops.py ``hoist``): the two share the team
+#: (``collapse(2)``), so that a few chunks or a few kept rows still use every thread (on rotary
+#: embeddings' (N, H) loops the collapse cost 10-50%: only these)
+COLLAPSE = "collapse"
+
+
+def collapsible(o: s.ForOp) -> bool:
+    """Whether ``omp_for`` loop ``o`` shares the team with the loop in its body (:data:`COLLAPSE`):
+    its body that loop alone, a parallel loop over a column sum's chunks (``CHUNKS``) with bounds
+    defined outside ``o``."""
+    ops = [x for x in o.body.block.ops if not isinstance(x, s.YieldOp)]
+    if len(ops) != 1 or not isinstance(inner := ops[0], s.ForOp) or CHUNKS not in inner.attributes:
+        return False
+    return inner.kind.data == "parallel" and all(
+        not o.is_ancestor(v.owner) for v in (inner.lo, inner.hi) if isinstance(v.owner, Operation))
 
 
 def cpu_mapping(op: Operation) -> str | None:
@@ -471,6 +488,8 @@ def _map(op: Operation, in_parallel: bool) -> None:
                 if isinstance(o, s.ForOp):
                     if o.kind.data == "parallel" and not in_parallel:
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.OMP_FOR)
+                        if collapsible(o):
+                            o.attributes[COLLAPSE] = UnitAttr()
                     elif lane_split(o):
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.LANES)
                         mark_pairs(o)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -33,6 +33,9 @@ MATERIALISED = (ir.ReduceOp, ir.ScatterAddOp, ir.BincountOp, ir.MatmulOp, ir.Con
 
 #: rows of the leading dim per partial of a column sum (a target may take fewer: the GPU's)
 COLUMN_CHUNK = 32
+#: a unit attribute on the loop over a column sum's chunks of rows (each its own row of partials):
+#: where kept axes are walked outside it (``hoist``), map-cpu splits both among the threads
+CHUNKS = "chunks"
 #: elements per partial of a 1-D tensor summed whole where sums run in lanes (``full_sum_lanes``)
 FULL_SUM_CHUNK = 16384
 
@@ -566,28 +569,35 @@ class _Lowering:
         before, chunks of ``self.chunk`` rows of the first summed axis (with the kept axes before,
         the unit of parallelism) add their rows in order along the axes after into a row of
         partials per sum, summed afterwards in chunk order (:meth:`combine_partials`):
-        deterministic whatever the thread count. Several sums read their rows in one walk."""
+        deterministic whatever the thread count. Several sums read their rows in one walk.
+
+        The kept axes after the summed ones but the last are walked outside the chunks
+        (``hoist``, as row groups do: :mod:`~opgen.lower.row_groups`): a row of partials, in L1,
+        and more units of parallelism than chunks. The same additions in the same order."""
         src = ir.tensor_type(ops[0].x)
         axes = ops[0].axis_list
         pre, summed = list(src.shape[:axes[0]]), list(src.shape[axes[0]:axes[-1] + 1])
         rest = list(src.shape[axes[-1] + 1:])
+        hoist, row = rest[:-1], rest[-1:]
         b = _Builder(self.kblock)
         chunk, last = self.sum_walk(not rest, len(summed))
         kinds = ["serial"] * (len(summed) - 1) + [last]
         nchunk = f"cdiv({summed[0]},{chunk})"
         partials = [_Builder(self.kblock).alloc([*pre, nchunk, *rest], src.dtype, "temp", top=True).result for _ in ops]
-        *at, c = b.loops([*pre, nchunk], "parallel", "c", skip_if=b.empty(rest))
-        accs = [b.alloc(rest, src.dtype, "local", zero=True).result for _ in ops]
+        *at, c = b.loops([*pre, *hoist, nchunk], "parallel", "c", skip_if=b.empty(rest))
+        at, up = at[:len(pre)], at[len(pre):]
+        c.owner.parent_op().attributes[CHUNKS] = UnitAttr()  # type: ignore[union-attr]
+        accs = [b.alloc(row, src.dtype, "local", zero=True).result for _ in ops]
         rows = [b.open(*self.chunk_rows(b, c, summed[0], chunk), kinds[0], "x")]
         rows += [b.loops([d], kind, f"y{i}")[0] for i, (d, kind) in enumerate(zip(summed[1:], kinds[1:], strict=True))]
-        inner = b.loops(rest, "parallel", "d")
+        inner = b.loops(row, "parallel", "d")
         for op, acc in zip(ops, accs, strict=True):
-            b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*at, *rows, *inner]), acc, inner))
+            b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*at, *rows, *up, *inner]), acc, inner))
         b.close_n(len(inner) + len(rows))
-        inner = b.loops(rest, "parallel", "d")
+        inner = b.loops(row, "parallel", "d")
         for p, acc in zip(partials, accs, strict=True):
-            b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [*at, c, *inner]))
-        b.close_n(len(inner) + len(pre) + 1)
+            b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [*at, c, *up, *inner]))
+        b.close_n(len(inner) + len(pre) + len(hoist) + 1)
         for op, p, dst in zip(ops, partials, dsts, strict=True):
             self.combine_partials(op, p, dst, nchunk, len(pre))
 
