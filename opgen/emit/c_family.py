@@ -495,8 +495,11 @@ class CPrinter:
             if kind == "sum":
                 self.line(f"{target} += {v};")
             else:
+                # (a select stored whatever the outcome: a conditional store into a lane was
+                # vectorised as a masked store each strip, which the next strip's load waited for:
+                # a max over rows of 8192x4096 f32 5.2 -> 3.6 ms, bf16 6.1 -> 2.8)
                 cmp = ">" if kind == "max" else "<"
-                self.line(f"if ({v} {cmp} {target} || {v} != {v}) {target} = {v};")
+                self.line(f"{target} = ({v} {cmp} {target} || {v} != {v}) ? {v} : {target};")
         elif isinstance(op, s.RequireOp):
             st = STATUS_C[op.status.data]
             msg = op.message.data.replace('"', "'")
