@@ -106,6 +106,13 @@ def test_kept_rows_walked_outside_the_chunks(built):
         (chunks,) = [o for o in walk.body.block.ops if isinstance(o, s.ForOp)]
         assert CHUNKS in chunks.attributes and chunks.kind.data == "parallel"
         assert _local_ranks(chunks) == [1], name
+        # one chunk (B <= 32): each unit's sums straight into y; else into the partials
+        (branch,) = [o for o in chunks.body.block.ops if isinstance(o, s.IfOp)]
+        k = walk.parent_op()
+        names = k.param_names  # type: ignore[union-attr]
+        into = [{names.get(st.buf, s.buf_type(st.buf).role.data) for st in r.walk() if isinstance(st, s.StoreOp)}
+                for r in (branch.then, branch.otherwise)]
+        assert into == [{"y"}, {"temp"}], name
     walk = _top_loops(built, "sum_cols")[0]
     assert CHUNKS in walk.attributes and cpu_map.COLLAPSE not in walk.attributes
     assert _local_ranks(walk) == [1]
@@ -165,12 +172,14 @@ def test_sums_against_pytorch(built, unfused, rng, T, fused):
 def test_the_same_bits_on_1_and_3_threads(built, rng):
     """Which thread adds which unit never changes a sum: 1 and 3 threads give the same bits
     (collapsed units split differently), and the walk's sums are those of the 2-D column sum of
-    the same rows (the same additions in the same order)."""
+    the same rows (the same additions in the same order; with one chunk stored straight, where
+    the 2-D sum adds its one partial to +0), columns of -0 included."""
     gomp = ctypes.CDLL("libgomp.so.1")
     team = gomp.omp_get_max_threads()
     lib = built["lib"]
     for b in ROWS:
         x = rounded(rng.standard_normal((b, 5, 24)), "f32")
+        x[:, 4] = -0.0  # (a column of -0: +0 summed in partials or straight)
         got = {}
         for threads in (1, 3):
             gomp.omp_set_num_threads(threads)

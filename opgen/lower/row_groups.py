@@ -214,14 +214,22 @@ class RowGroupLowering(_Lowering):
                 s.StoreOp(self.emit(b, v, at), self.arg(name), at)))
         b.close()  # x
         if g.colreds:
+            one = self.one_chunk(b, hoist, nchunk)
+            if one is not None:  # (one chunk: each unit's sums straight into the outputs)
+                branch = b.open_if(one)
+                for (name, r, _, _), acc in zip(partials, accs, strict=True):
+                    inner = b.loops(list(ir.tensor_type(r.result).shape)[len(hoist):], "parallel", "d")
+                    b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), self.arg(name), [*up, *inner]))
+                    b.close_n(len(inner))
+                b.otherwise(branch)
             for (_, r, p, _), acc in zip(partials, accs, strict=True):
                 rest = list(ir.tensor_type(r.result).shape)[len(hoist):]
                 inner = b.loops(rest, "parallel", "d")
                 b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [c, *up, *inner]))
                 b.close_n(len(inner))
-            b.close_n(1 + len(hoist))  # c and the hoisted axes
+            b.close_n((one is not None) + 1 + len(hoist))  # (the branch), c and the hoisted axes
             for name, r, p, _ in partials:
-                self.combine_partials(r, p, self.arg(name), nchunk)
+                self.combine_partials(r, p, self.arg(name), nchunk, skip_if=one)
 
     def hoisted(self, g: RowGroup, rests: list[list[str]]) -> list[str]:
         """The kept axes walked outside the chunks of rows (all but the last of the members'

@@ -171,6 +171,22 @@ class _Builder:
         for _ in range(n):
             self.close()
 
+    def open_if(self, cond: SSAValue) -> s.IfOp:
+        """A ``sched.if`` on ``cond``; what is built next goes into its ``then`` block (until
+        :meth:`otherwise`, then :meth:`close`)."""
+        op = s.IfOp(cond)
+        self.stmt(op)
+        self.levels[-1].loop = op
+        self.levels.append(_Level(op.then.block, None))
+        return op
+
+    def otherwise(self, op: s.IfOp) -> None:
+        """What is built next goes into ``op``'s ``otherwise`` block (``op`` the innermost open
+        :meth:`open_if`); values of its ``then`` block are no longer visible."""
+        depth = len(self.levels) - 1
+        self.memo = {k: v for k, v in self.memo.items() if self.level_of.get(v, 0) < depth}
+        self.levels[-1] = _Level(op.otherwise.block, None)
+
 
 class _Lowering:
     #: a sum down to one value per kept index (a 1-D tensor, or every axis, summed whole) adds its
@@ -178,6 +194,10 @@ class _Lowering:
     #: instead of one element after another, and a 1-D tensor's partials take FULL_SUM_CHUNK
     #: elements each, not COLUMN_CHUNK (set by LowerToLoops' ``full_sum_lanes``: the CPU's)
     full_sum_lanes: bool = False
+    #: a column sum walked with kept axes outside its chunks (``hoist``) stores each unit's sums
+    #: straight into the result where there is one chunk, and its partials' sum then runs no
+    #: iteration (:meth:`one_chunk`; set by LowerToLoops' ``one_chunk_direct``: the CPU's)
+    one_chunk_direct: bool = False
 
     def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int | None = None):
         self.func = func
@@ -594,18 +614,39 @@ class _Lowering:
         for op, acc in zip(ops, accs, strict=True):
             b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*at, *rows, *up, *inner]), acc, inner))
         b.close_n(len(inner) + len(rows))
+        one = self.one_chunk(b, hoist, nchunk)
+        if one is not None:
+            branch = b.open_if(one)
+            inner = b.loops(row, "parallel", "d")
+            for dst, acc in zip(dsts, accs, strict=True):
+                b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), dst, [*at, *up, *inner]))
+            b.close_n(len(inner))
+            b.otherwise(branch)
         inner = b.loops(row, "parallel", "d")
         for p, acc in zip(partials, accs, strict=True):
             b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [*at, c, *up, *inner]))
-        b.close_n(len(inner) + len(pre) + len(hoist) + 1)
+        b.close_n(len(inner) + (one is not None) + len(pre) + len(hoist) + 1)
         for op, p, dst in zip(ops, partials, dsts, strict=True):
-            self.combine_partials(op, p, dst, nchunk, len(pre))
+            self.combine_partials(op, p, dst, nchunk, len(pre), skip_if=one)
 
-    def combine_partials(self, r: ir.ReduceOp, p: SSAValue, dst: SSAValue, nchunk: str, pre: int = 0) -> None:
+    def one_chunk(self, b: _Builder, hoist: Sequence[str], nchunk: str) -> SSAValue | None:
+        """Where a column sum walked with kept axes outside its chunks (``hoist``) has one chunk
+        (``nchunk`` is 1), each unit stores its row of sums straight into the result, and the
+        partials' sum (:meth:`combine_partials`) runs no iteration: the value true then (None
+        where ``one_chunk_direct`` is off or nothing is hoisted). The same bits: the partials' sum
+        is ``0 + p0``, and a sum begun at +0 is never -0. A sum over the leading axis of
+        8x1024x4096 wrote its partials (16 MiB f32), then read them back and stored them."""
+        if not (self.one_chunk_direct and hoist):
+            return None
+        return b.scalar(ir.CmpOp("eq", b.dim(nchunk), b.const(1, "i64")))
+
+    def combine_partials(self, r: ir.ReduceOp, p: SSAValue, dst: SSAValue, nchunk: str, pre: int = 0,
+                         skip_if: SSAValue | None = None) -> None:
         """``dst`` = the sum of the ``nchunk`` partials in ``p``, in order: ``p`` is ``dst``'s
-        shape with the chunks' axis inserted after its first ``pre`` axes."""
+        shape with the chunks' axis inserted after its first ``pre`` axes (no iteration where
+        ``skip_if`` holds: :meth:`one_chunk`)."""
         b = _Builder(self.kblock)
-        out = b.loops(list(ir.tensor_type(r.result).shape), "parallel", "d")
+        out = b.loops(list(ir.tensor_type(r.result).shape), "parallel", "d", skip_if=skip_if)
         acc = b.alloc([], ir.tensor_type(r.x).dtype, "local", zero=True)
         (c,) = b.loops([nchunk], "serial", "c")
         b.stmt(s.AccumOp("sum", b.scalar(s.LoadOp(p, [*out[:pre], c, *out[pre:]])), acc.result, []))
@@ -825,13 +866,16 @@ def reshape_index(b: _Builder, src: Sequence[str], dst: Sequence[str], idx: Sequ
 
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
                chain_rows: int | None = None, chain_groups: int | None = None,
-               column_chunk: int | None = None, full_sum_lanes: bool = False) -> s.KernelOp:
+               column_chunk: int | None = None, full_sum_lanes: bool = False,
+               one_chunk_direct: bool = False) -> s.KernelOp:
     """Lower one function; with ``fuse``, matmul chains (opgen.lower.matmul_chain, tiles of
     ``chain_rows`` rows; one pass over ``chain_groups`` column groups when given) or row groups
     (opgen.lower.row_groups, column partials per ``column_chunk`` rows) are formed where legal,
-    else every materialised value gets its own loop nest (``full_sum_lanes``: _Lowering's)."""
+    else every materialised value gets its own loop nest (``full_sum_lanes``, ``one_chunk_direct``:
+    _Lowering's)."""
     def run(lowering: _Lowering) -> s.KernelOp:
         lowering.full_sum_lanes = full_sum_lanes
+        lowering.one_chunk_direct = one_chunk_direct
         return lowering.run()
 
     if fuse:
@@ -864,11 +908,13 @@ class LowerToLoops(ModulePass):
     column_chunk: int | None = None
     #: sums down to one value per kept index in lanes (_Lowering.full_sum_lanes)
     full_sum_lanes: bool = False
+    #: a column sum of one chunk stored straight into its result (_Lowering.one_chunk_direct)
+    one_chunk_direct: bool = False
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
                 k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows, self.chain_groups,
-                               self.column_chunk, self.full_sum_lanes)
+                               self.column_chunk, self.full_sum_lanes, self.one_chunk_direct)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)

@@ -94,7 +94,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # in a table of its 65536 values (opgen/lower/tabulate.py).
     # Index and mask parameters are read in one dtype (i64/bool), converted by the binder: kernels per
     # compute type only.
-    "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS, full_sum_lanes=True), FuseReductions(),
+    "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS, full_sum_lanes=True,
+                                                   one_chunk_direct=True), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
             HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), CombineAccums(),
             ChunkFlatLoops(), MapCpu(),
