@@ -7,7 +7,9 @@ middle axis;
 tests/test_gemm_operands.py: a linear layer over batched rows, in f16 here;
 tests/test_ascendc.py: SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py:
 rotary-embedding backward; tests/test_flat_chunks.py: an Adam step over a flat parameter vector;
-tests/test_fuse_siblings.py: softmax backward over attention scores (B, H, S, S)).
+tests/test_fuse_siblings.py: softmax backward over attention scores (B, H, S, S);
+tests/test_column_sums.py: a sum over the leading axis of (B, N, D); tests/test_new_op_backends.py
+RANK0: mean cross-entropy backward).
 They are written into build/bench-ops/ and built there with ``opgen build --out`` (incremental),
 and each row runs against the faster of PyTorch autograd and the explicit aten kernel a user
 would call.
@@ -37,17 +39,28 @@ def library() -> Any:
     if str(registry.REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
+    from tests.test_column_sums import SUM_OPS
     from tests.test_flat_chunks import FLAT_OPS
     from tests.test_fuse_siblings import ATTN
     from tests.test_gemm_operands import OPS as GEMM_OPS
-    from tests.test_new_op_backends import BATCH_NORM, DROPOUT, GELU, GELU_TANH, LINEAR, LN_CAST, NARROW, TRANSPOSED
+    from tests.test_new_op_backends import (
+        BATCH_NORM,
+        DROPOUT,
+        GELU,
+        GELU_TANH,
+        LINEAR,
+        LN_CAST,
+        NARROW,
+        RANK0,
+        TRANSPOSED,
+    )
     from tests.test_shapes_dsl import ROPE
 
     OPS.mkdir(parents=True, exist_ok=True)
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
                        ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW), ("gemm_ops.py", GEMM_OPS),
                        ("batch_norm.py", BATCH_NORM), ("dropout.py", DROPOUT), ("transposed.py", TRANSPOSED),
-                       ("flat.py", FLAT_OPS), ("attn.py", ATTN)):
+                       ("flat.py", FLAT_OPS), ("attn.py", ATTN), ("sums.py", SUM_OPS), ("rank0.py", RANK0)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -217,7 +230,37 @@ def _layout_rows(lib: Any, alternate: Callable[..., tuple[float, float]], np_of:
     out.append(_row(lib, alternate, f"new: sum over the middle axis {N // 64}x64x{D} {name}", "token_sum",
                     lambda n: {"x": np_of(x3[:n]), "y": aligned_zeros((n, D), npdt)}, ("y",), N // 64, theirs,
                     N * D * es, in_cache=False))
+    # the leading axis of (B, N, D): a positional embedding's gradient summed over the batch
+    xb = x.reshape(8, N // 8, D)
+    theirs = _fastest([lambda: xb.sum(0), lambda: torch.sum(xb, 0, dtype=torch.float32).to(dt)])
+    out.append(_row(lib, alternate, f"new: sum over the leading axis 8x{N // 8}x{D} {name}", "sum_lead",
+                    lambda n: {"x": np_of(xb), "y": aligned_zeros((N // 8, D), npdt)}, ("y",), N, theirs,
+                    N * D * es * 9 // 8, in_cache=False))
     return out
+
+
+def _cross_entropy_row(lib: Any, alternate: Callable[..., tuple[float, float]], shape: tuple[int, int],
+                       g: torch.Generator) -> dict:
+    """Mean cross-entropy backward over (N, V) f32 logits and integer targets: each row's max,
+    exp and sum, then the softmax less the one-hot, scaled; memory-bound."""
+    N, V = shape
+    x = torch.randn(N, V, generator=g)
+    t = torch.randint(0, V, (N,), generator=g)
+    xr = x.clone().requires_grad_()
+    loss = torch.nn.functional.cross_entropy(xr, t)
+    one, neg = torch.ones(()), torch.full((N, 1), -1.0)
+    theirs = _fastest([lambda: torch.autograd.grad(loss, xr, retain_graph=True)[0],
+                       lambda: torch.softmax(x, -1).scatter_add_(1, t[:, None], neg).div_(N),
+                       lambda: torch.ops.aten._log_softmax_backward_data(
+                           torch.zeros(N, V).scatter_(1, t[:, None], -1.0 / N), torch.log_softmax(x, -1), -1,
+                           torch.float32)])
+
+    def ce(n: int) -> dict:
+        return {"grad_loss": one.numpy(), "logits": x[:n].numpy(), "target": t[:n].numpy(),
+                "dlogits": aligned_zeros((n, V), np.float32)}
+
+    return _row(lib, alternate, f"new: cross_entropy_backward (mean) {N}x{V} float32", "ce_backward", ce,
+                ("dlogits",), N, theirs, 2 * N * V * 4)
 
 
 def _rope_row(lib: Any, alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
@@ -321,6 +364,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
         out += _layout_rows(lib, alternate, np_of, dt, (N, D), g)
         out.append(_attention_row(lib, alternate, np_of, dt, (2, 4, 256) if quick else (4, 16, 1024), g))
     out.append(_adam_row(lib, alternate, N * D, g))
+    out.append(_cross_entropy_row(lib, alternate, (256, 4000) if quick else (4096, 32000), g))
     # a linear layer with bias and ReLU (f32): compute-bound
     M, K, F = (512, 256, 256) if quick else (4096, 2048, 2048)
     xl, wl, bl = torch.randn(M, K, generator=g), torch.randn(F, K, generator=g), torch.randn(F, generator=g)
