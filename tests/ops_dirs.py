@@ -50,3 +50,15 @@ def built_ops_patched(root: Path, package: str, sources: dict[str, str], module:
             yield b
     finally:
         mp.undo()
+
+
+def top_loops(built: dict[str, object], name: str) -> list[object]:
+    """The outermost ``sched.for`` loops of op ``name``'s kernel (its first variant) after the CPU
+    pipeline (``built``: :func:`built_ops`'s)."""
+    from opgen.lower import sched as s
+    from opgen.passes import pipeline
+
+    m = built["ops"][name].module()  # type: ignore[index]
+    pipeline.run(m, "cpu")
+    k = next(x for x in m.walk() if isinstance(x, s.KernelOp))
+    return [o for o in k.body.block.ops if isinstance(o, s.ForOp)]

@@ -20,8 +20,7 @@ from opgen.emit import cpu
 from opgen.lower import cpu_map, to_loops
 from opgen.lower import sched as s
 from opgen.lower.to_loops import CHUNKS, COLUMN_CHUNK
-from opgen.passes import pipeline
-from tests.ops_dirs import built_ops, built_ops_patched
+from tests.ops_dirs import built_ops, built_ops_patched, top_loops
 from tests.reference import assert_close_policy, rounded, t64, tt
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
@@ -83,13 +82,6 @@ def unfused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, obje
         yield b
 
 
-def _top_loops(built: dict, name: str) -> list[s.ForOp]:
-    m = built["ops"][name].module()  # type: ignore[index]
-    pipeline.run(m, "cpu")
-    k = next(x for x in m.walk() if isinstance(x, s.KernelOp))
-    return [o for o in k.body.block.ops if isinstance(o, s.ForOp)]
-
-
 def _local_ranks(loop: s.ForOp) -> list[int]:
     return [s.buf_type(a.result).rank for a in loop.walk() if isinstance(a, s.AllocOp)
             and s.buf_type(a.result).role.data == "local"]
@@ -101,7 +93,7 @@ def test_kept_rows_walked_outside_the_chunks(built):
     over axis 1 of a 4-D tensor walks A and N outside its chunks; a 2-D column sum keeps its
     chunks as the parallel loop, not collapsed, its partials a row as before."""
     for name in ("sum_lead", "sum_lead_scaled"):
-        walk = _top_loops(built, name)[0]
+        walk = top_loops(built, name)[0]
         assert cpu_map.cpu_mapping(walk) == s.CpuMapping.OMP_FOR and cpu_map.COLLAPSE in walk.attributes, name
         (chunks,) = [o for o in walk.body.block.ops if isinstance(o, s.ForOp)]
         assert CHUNKS in chunks.attributes and chunks.kind.data == "parallel"
@@ -113,7 +105,7 @@ def test_kept_rows_walked_outside_the_chunks(built):
         into = [{names.get(st.buf, s.buf_type(st.buf).role.data) for st in r.walk() if isinstance(st, s.StoreOp)}
                 for r in (branch.then, branch.otherwise)]
         assert into == [{"y"}, {"temp"}], name
-    walk = _top_loops(built, "sum_cols")[0]
+    walk = top_loops(built, "sum_cols")[0]
     assert CHUNKS in walk.attributes and cpu_map.COLLAPSE not in walk.attributes
     assert _local_ranks(walk) == [1]
     text = cpu.op_source(built["ops"]["sum_lead"])  # type: ignore[index]
@@ -125,12 +117,12 @@ def test_unfused_column_sums_walk_kept_rows_outside_the_chunks(unfused):
     fusion): the sum over axis 1 of a 4-D tensor walks A and N outside its chunks (the loop over
     A then N, both parallel), each unit's partials one row; the leading-axis sum's N loop
     collapsed with its chunks'."""
-    walk = _top_loops(unfused, "sum_middle")[0]
+    walk = top_loops(unfused, "sum_middle")[0]
     (chunks,) = [o for o in walk.walk() if isinstance(o, s.ForOp) and CHUNKS in o.attributes]
     n_loop = chunks.parent_op()
     assert isinstance(n_loop, s.ForOp) and n_loop.parent_op() is walk and n_loop.kind.data == "parallel"
     assert cpu_map.COLLAPSE not in walk.attributes and _local_ranks(chunks) == [1]
-    walk = _top_loops(unfused, "sum_lead")[0]
+    walk = top_loops(unfused, "sum_lead")[0]
     assert cpu_map.COLLAPSE in walk.attributes
     (chunks,) = [o for o in walk.body.block.ops if isinstance(o, s.ForOp)]
     assert CHUNKS in chunks.attributes and _local_ranks(chunks) == [1]

@@ -22,9 +22,8 @@ from opgen.emit import cpu
 from opgen.lower import cpu_map
 from opgen.lower import sched as s
 from opgen.lower.flat_chunks import CHUNK, FLAT, ChunkFlatLoops
-from opgen.passes import pipeline
 from tests.cpu_cases import copied
-from tests.ops_dirs import built_ops, built_ops_patched
+from tests.ops_dirs import built_ops, built_ops_patched, top_loops
 from tests.reference import assert_close_policy, f32_scalar, rounded, t64, tt
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 from tests.test_new_op_backends import NT_WORKER
@@ -96,13 +95,6 @@ def unchunked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ob
         yield b
 
 
-def _loops(built: dict, name: str) -> list[s.ForOp]:
-    m = built["ops"][name].module()  # type: ignore[index]
-    pipeline.run(m, "cpu")
-    k = next(x for x in m.walk() if isinstance(x, s.KernelOp))
-    return [o for o in k.body.block.ops if isinstance(o, s.ForOp)]
-
-
 def test_flat_loops_run_in_chunks_of_rows(built):
     """A 1-D op's parallel loop becomes an ``omp_for`` over chunks around one ``flat`` loop, which
     map-cpu makes a stream (prefetching each input, staging its loads, streaming its stores); a
@@ -110,7 +102,7 @@ def test_flat_loops_run_in_chunks_of_rows(built):
     the range check's scratch copy, the table is read where they point); a 2-D op keeps its row
     loop."""
     for name, ins, outs in (("adam_step", 4, 3), ("silu_flat", 1, 1), ("gather_scale", 1, 1)):
-        *checks, outer = _loops(built, name)  # (gather_scale: its indices' range check first)
+        *checks, outer = top_loops(built, name)  # (gather_scale: its indices' range check first)
         assert len(checks) == (name == "gather_scale"), name
         assert cpu_map.cpu_mapping(outer) == s.CpuMapping.OMP_FOR
         inner = [o for o in outer.body.block.ops if isinstance(o, s.ForOp)]
@@ -120,7 +112,7 @@ def test_flat_loops_run_in_chunks_of_rows(built):
         assert len([o for o in ops if isinstance(o, s.PrefetchOp)]) == ins, name
         stores = [o for o in ops if isinstance(o, s.StoreOp)]
         assert [cpu_map.cpu_mapping(o) for o in stores] == [s.CpuMapping.NONTEMPORAL] * outs, name
-    (rows,) = _loops(built, "silu_rows")
+    (rows,) = top_loops(built, "silu_rows")
     (cols,) = [o for o in rows.body.block.ops if isinstance(o, s.ForOp)]
     assert FLAT not in cols.attributes and cpu_map.cpu_mapping(cols) == s.CpuMapping.STREAM
 
@@ -190,7 +182,7 @@ def test_a_1d_tensor_summed_whole(built, rng, T):
 
     from opgen.lower.to_loops import FULL_SUM_CHUNK
 
-    chunks, _ = _loops(built, "sq_norm")  # (the chunks, then the partials summed in order)
+    chunks, _ = top_loops(built, "sq_norm")  # (the chunks, then the partials summed in order)
     (lanes,) = [o for o in chunks.body.block.ops if isinstance(o, s.ForOp)]
     assert lanes.kind.data == "reduce" and cpu_map.cpu_mapping(lanes) == s.CpuMapping.LANES
     partials = next(o for o in chunks.walk() if isinstance(o, s.StoreOp)).buf
