@@ -8,9 +8,6 @@ calls), and clean under ASan/UBSan."""
 from __future__ import annotations
 
 import os
-import pickle
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -26,7 +23,7 @@ from tests.cpu_cases import copied
 from tests.ops_dirs import built_ops, built_ops_patched, top_loops
 from tests.reference import assert_close_policy, f32_scalar, rounded, t64, tt
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
-from tests.test_new_op_backends import NT_WORKER
+from tests.test_new_op_backends import nt_worker_runs
 
 FLAT_OPS = '''
 """Elementwise ops on 1-D tensors."""
@@ -228,18 +225,12 @@ def test_chunks_give_the_same_bits_as_one_loop(built, unchunked, rng, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "2", "OMP_DYNAMIC": "false", "PYTHONPATH": str(registry.REPO_ROOT)}
     libs = {name: str(b["root"] / "generated.build" / "cpu" / "libopgen.so")  # type: ignore[operator]
             for name, b in (("chunked", built), ("unchunked", unchunked))}
-    for i, (op, args, outs) in enumerate(cases):
-        runs = {}
-        for name, lib in libs.items():
-            for nt in ("0", str(1 << 40)):
-                src, dst = tmp_path / f"in{i}.pkl", tmp_path / f"out{i}.pkl"
-                src.write_bytes(pickle.dumps((lib, op, args, outs)))
-                r = subprocess.run([sys.executable, "-c", NT_WORKER, str(src), str(dst)],
-                                   env={**env, "OPGEN_NT_BYTES": nt}, capture_output=True, text=True, timeout=300)
-                assert r.returncode == 0, r.stderr
-                runs[name, nt] = pickle.loads(dst.read_bytes())
-        want = runs["unchunked", str(1 << 40)]
-        for key, got in runs.items():
+    runs = {(name, nt): nt_worker_runs([(lib, *c) for c in cases], {**env, "OPGEN_NT_BYTES": nt}, tmp_path)
+            for name, lib in libs.items() for nt in ("0", str(1 << 40))}  # (a worker each)
+    for i, (op, _, _) in enumerate(cases):
+        want = runs["unchunked", str(1 << 40)][i]
+        for key, results in runs.items():
+            got = results[i]
             for offset in (0, 1):
                 for k, v in got[offset].items():
                     assert np.array_equal(v.view(np.uint8), want[offset][k].view(np.uint8)), (op, key, offset, k)
