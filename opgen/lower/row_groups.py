@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import UnitAttr
 from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
@@ -164,8 +163,7 @@ class RowGroupLowering(_Lowering):
                 rest = list(ir.tensor_type(r.result).shape)
                 p = _Builder(self.kblock).alloc([nchunk, *rest], ir.tensor_type(r.x).dtype, "temp", top=True)
                 partials.append((name, r, p.result, SSAValue.get(p.result)))
-            *up, c = b.loops([*hoist, nchunk], "parallel", "c", skip_if=skip)
-            c.owner.parent_op().attributes[CHUNKS] = UnitAttr()  # type: ignore[union-attr]
+            *up, c = b.loops([*hoist, nchunk], "parallel", "c", skip_if=skip, tag_last=CHUNKS)
             accs = []
             for _, r, _, _ in partials:
                 rest = list(ir.tensor_type(r.result).shape)[len(hoist):]
@@ -214,20 +212,10 @@ class RowGroupLowering(_Lowering):
                 s.StoreOp(self.emit(b, v, at), self.arg(name), at)))
         b.close()  # x
         if g.colreds:
-            one = self.one_chunk(b, hoist, nchunk)
-            if one is not None:  # (one chunk: each unit's sums straight into the outputs)
-                branch = b.open_if(one)
-                for (name, r, _, _), acc in zip(partials, accs, strict=True):
-                    inner = b.loops(list(ir.tensor_type(r.result).shape)[len(hoist):], "parallel", "d")
-                    b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), self.arg(name), [*up, *inner]))
-                    b.close_n(len(inner))
-                b.otherwise(branch)
-            for (_, r, p, _), acc in zip(partials, accs, strict=True):
-                rest = list(ir.tensor_type(r.result).shape)[len(hoist):]
-                inner = b.loops(rest, "parallel", "d")
-                b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [c, *up, *inner]))
-                b.close_n(len(inner))
-            b.close_n((one is not None) + 1 + len(hoist))  # (the branch), c and the hoisted axes
+            one = self.store_sums(b, hoist, nchunk, [
+                (acc, list(ir.tensor_type(r.result).shape)[len(hoist):], self.arg(name), up, p, [c, *up])
+                for (name, r, p, _), acc in zip(partials, accs, strict=True)])
+            b.close_n(1 + len(hoist))  # c and the hoisted axes
             for name, r, p, _ in partials:
                 self.combine_partials(r, p, self.arg(name), nchunk, skip_if=one)
 

@@ -116,8 +116,12 @@ class _Builder:
         self.level_of[a.result] = level  # (a load of it, even at no index, goes no higher)
         return a
 
-    def open(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str) -> SSAValue:
+    def open(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str, tag: str | None = None) -> SSAValue:
+        """A ``sched.for`` from ``lo`` to ``hi`` (``tag``: a unit attribute on it, for later
+        passes: ``CHUNKS``); what is built next goes into its body (until :meth:`close`)."""
         loop = s.ForOp(lo, hi, kind, hint)
+        if tag is not None:
+            loop.attributes[tag] = UnitAttr()
         self.stmt(loop)
         self.levels[-1].loop = loop
         self.levels.append(_Level(loop.body.block, None))
@@ -132,17 +136,17 @@ class _Builder:
         self.memo = {k: v for k, v in self.memo.items() if self.level_of.get(v, 0) < depth}
 
     def loops(self, dims: Sequence[str], kind: str, hint: str = "i", skip_if: SSAValue | None = None,
-              starts: Sequence[str] | None = None) -> list[SSAValue]:
+              starts: Sequence[str] | None = None, tag_last: str | None = None) -> list[SSAValue]:
         """A loop per dim, outermost first, each from 0 (or its entry of ``starts``) to the dim.
         ``skip_if`` (a bool scalar): the outermost loop runs no iteration when it holds (see
-        :meth:`empty`)."""
+        :meth:`empty`); ``tag_last``: :meth:`open`'s ``tag`` of the innermost loop."""
         out = []
         for k, d in enumerate(dims):
             lo = self.dim(starts[k]) if starts is not None else self.const(0, "i64")
             hi = self.dim(d)
             if k == 0 and skip_if is not None:
                 hi = self.scalar(ir.SelectOp(skip_if, lo, hi))
-            out.append(self.open(lo, hi, kind, f"{hint}{k}"))
+            out.append(self.open(lo, hi, kind, f"{hint}{k}", tag_last if k == len(dims) - 1 else None))
         return out
 
     def empty(self, *shapes: Sequence[str]) -> SSAValue | None:
@@ -604,9 +608,8 @@ class _Lowering:
         kinds = ["serial"] * (len(summed) - 1) + [last]
         nchunk = f"cdiv({summed[0]},{chunk})"
         partials = [_Builder(self.kblock).alloc([*pre, nchunk, *rest], src.dtype, "temp", top=True).result for _ in ops]
-        *at, c = b.loops([*pre, *hoist, nchunk], "parallel", "c", skip_if=b.empty(rest))
+        *at, c = b.loops([*pre, *hoist, nchunk], "parallel", "c", skip_if=b.empty(rest), tag_last=CHUNKS)
         at, up = at[:len(pre)], at[len(pre):]
-        c.owner.parent_op().attributes[CHUNKS] = UnitAttr()  # type: ignore[union-attr]
         accs = [b.alloc(row, src.dtype, "local", zero=True).result for _ in ops]
         rows = [b.open(*self.chunk_rows(b, c, summed[0], chunk), kinds[0], "x")]
         rows += [b.loops([d], kind, f"y{i}")[0] for i, (d, kind) in enumerate(zip(summed[1:], kinds[1:], strict=True))]
@@ -614,20 +617,40 @@ class _Lowering:
         for op, acc in zip(ops, accs, strict=True):
             b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*at, *rows, *up, *inner]), acc, inner))
         b.close_n(len(inner) + len(rows))
-        one = self.one_chunk(b, hoist, nchunk)
-        if one is not None:
-            branch = b.open_if(one)
-            inner = b.loops(row, "parallel", "d")
-            for dst, acc in zip(dsts, accs, strict=True):
-                b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), dst, [*at, *up, *inner]))
-            b.close_n(len(inner))
-            b.otherwise(branch)
-        inner = b.loops(row, "parallel", "d")
-        for p, acc in zip(partials, accs, strict=True):
-            b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), p, [*at, c, *up, *inner]))
-        b.close_n(len(inner) + (one is not None) + len(pre) + len(hoist) + 1)
+        one = self.store_sums(b, hoist, nchunk, [(acc, row, dst, [*at, *up], p, [*at, c, *up])
+                                                 for acc, dst, p in zip(accs, dsts, partials, strict=True)])
+        b.close_n(len(pre) + len(hoist) + 1)
         for op, p, dst in zip(ops, partials, dsts, strict=True):
             self.combine_partials(op, p, dst, nchunk, len(pre), skip_if=one)
+
+    def store_sums(self, b: _Builder, hoist: Sequence[str], nchunk: str,
+                   sums: Sequence[tuple[SSAValue, list[str], SSAValue, list[SSAValue], SSAValue, list[SSAValue]]],
+                   ) -> SSAValue | None:
+        """Each unit's rows of sums, ``(acc, its shape, result, result index, partials, partials
+        index)`` per sum (the indexes before ``acc``'s own), stored into the partials, or where
+        there is one chunk (:meth:`one_chunk`) straight into the result: that condition returned
+        (``combine_partials``' ``skip_if``). One loop nest per distinct shape of ``acc``."""
+        one = self.one_chunk(b, hoist, nchunk)
+        by_row: dict[tuple[str, ...], list[tuple[SSAValue, SSAValue, list[SSAValue], SSAValue, list[SSAValue]]]] = {}
+        for acc, row, dst, dst_at, p, p_at in sums:
+            by_row.setdefault(tuple(row), []).append((acc, dst, dst_at, p, p_at))
+
+        def store(direct: bool) -> None:
+            for row, items in by_row.items():
+                inner = b.loops(list(row), "parallel", "d")
+                for acc, dst, dst_at, p, p_at in items:
+                    to, at = (dst, dst_at) if direct else (p, p_at)
+                    b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc, inner)), to, [*at, *inner]))
+                b.close_n(len(inner))
+        if one is None:
+            store(direct=False)
+            return None
+        branch = b.open_if(one)
+        store(direct=True)
+        b.otherwise(branch)
+        store(direct=False)
+        b.close()
+        return one
 
     def one_chunk(self, b: _Builder, hoist: Sequence[str], nchunk: str) -> SSAValue | None:
         """Where a column sum walked with kept axes outside its chunks (``hoist``) has one chunk
