@@ -92,7 +92,9 @@ class RowGroupLowering(_Lowering):
                 members_of[r.results[0]] = g.dim
                 members_of[self.ret.output(name)] = g.dim
         mat = self.materialised()
-        for m in mat:
+        # consumers first: a row reduction read only by another row-local one (a softmax's max,
+        # read by its sum of exps and its output) joins the group once that one has
+        for m in reversed(mat):
             op = m.owner
             lead = ir.tensor_type(m).shape[0] if ir.tensor_type(m).rank else None
             row_op = (isinstance(op, ir.ReduceOp) and 0 not in op.axis_list) or isinstance(op, ir.ScatterAddOp)
