@@ -2,10 +2,12 @@
 of exps; a LayerNorm's mean, read by its variance): row groups take the whole chain as row-local
 values (planned consumers first), so one parallel loop reads each row once, where the first
 reduction had its own pass over every row before (LayerNorm forward 8192x4096 f32 10.2 -> 8.0 ms,
-group statistics 9.7 -> 5.9, a softmax 19.2 -> 17.2 on the Zen 5 VM's 2 threads). Against PyTorch
+group statistics 9.7 -> 5.9, a softmax 19.2 -> 17.2 on the Zen 5 VM's 2 threads). And a costly
+elementwise value read by more than one loop nest of the row (a softmax's exps, by their sum and
+by the output) is computed once per row into a row of scratch (``kept_rows``). Against PyTorch
 (float64 and same-dtype) and the oracle, rows of NaN and infinities, lengths around the lanes,
-strided; the same bits as the unfused lowering (each reduction its own nest) and on 1 and 3
-threads; clean under ASan/UBSan."""
+strided; the same bits as the unfused lowering (each reduction its own nest, every value
+computed where it is read) and on 1 and 3 threads; clean under ASan/UBSan."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import pytest
 import torch
 
 from opgen import oracle, runtime
+from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower import to_loops
+from opgen.lower.row_groups import RowGroupLowering
 from opgen.passes import pipeline
 from tests.ops_dirs import built_ops, built_ops_patched, top_loops
 from tests.reference import assert_close_policy, rounded, t64, tt
@@ -71,6 +75,26 @@ def layer_norm_grad(grad_y: Tensor[T, N, D], x: Tensor[T, N, D], w: Tensor[T, D]
     g = grad_y * w
     gx = rstd * (g - mean(g, axis=-1, keepdims=True) - xhat * mean(g * xhat, axis=-1, keepdims=True))
     return {"grad_x": gx, "grad_w": sum(grad_y * xhat, axis=0), "grad_b": sum(grad_y, axis=0)}
+
+
+@op
+def ce_grad(grad_loss: Tensor[f32], logits: Tensor[T, N, D], target: Tensor[i64, N], *,
+            dlogits: Output[T, N, D]):
+    """Mean cross-entropy backward: the exps read by their sum and by the output."""
+    lf = cast(logits, f32)
+    e = exp(lf - max(lf, axis=1, keepdims=True))
+    p = e / sum(e, axis=1, keepdims=True)
+    onehot = where(iota((N, D), axis=1) == target[:, None], 1.0, 0.0)
+    return {"dlogits": grad_loss * (p - onehot) / cast(size(N), f32)}
+
+
+@op
+def softmax_moments(x: Tensor[T, N, D], *, y: Output[T, N, D], mx: Output[f32, N]):
+    """The softmax and the mean of x under it: the exps read by two sums and by the output."""
+    xf = cast(x, f32)
+    e = exp(xf - max(xf, axis=-1, keepdims=True))
+    s = sum(e, axis=-1)
+    return {"y": e / s[:, None], "mx": sum(e * xf, axis=-1) / s}
 '''
 
 LOWER_FUNC = to_loops.lower_func
@@ -112,6 +136,18 @@ def _passes_over(built: dict[str, object], name: str, arg: str, lower: object = 
     return sum(any(isinstance(o, s.LoadOp) and names.get(o.buf) == arg for o in loop.walk()) for loop in loops)
 
 
+def _lowered(built: dict[str, object], name: str) -> s.KernelOp:
+    """Op ``name``'s kernel after lower-to-loops (the CPU pipeline's, unpatched)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(to_loops, "lower_func", LOWER_FUNC)
+    try:
+        m = built["ops"][name].module()  # type: ignore[index]
+        pipeline.run(m, "cpu", until="lower-to-loops")
+    finally:
+        mp.undo()
+    return next(x for x in m.walk() if isinstance(x, s.KernelOp))
+
+
 def test_each_row_is_read_in_one_pass(built):
     """One outermost loop reads x (and grad_y) in each op: the chain's first reduction is
     computed in the row loop, not in a pass of its own (the unfused lowering has one per
@@ -121,17 +157,40 @@ def test_each_row_is_read_in_one_pass(built):
         for arg in args:
             assert _passes_over(built, name, arg) == 1, (name, arg)
         assert _passes_over(built, name, "x", _no_fusion) >= 2, name
-    mp = pytest.MonkeyPatch()
-    mp.setattr(to_loops, "lower_func", LOWER_FUNC)
-    try:
-        m = built["ops"]["softmax_rows"].module()  # type: ignore[index]
-        pipeline.run(m, "cpu", until="lower-to-loops")
-    finally:
-        mp.undo()
-    k = next(x for x in m.walk() if isinstance(x, s.KernelOp))
-    (row,) = [o for o in k.body.block.ops if isinstance(o, s.ForOp)]
+    (row,) = [o for o in _lowered(built, "softmax_rows").body.block.ops if isinstance(o, s.ForOp)]
     kinds = [a.kind.data for a in row.walk() if isinstance(a, s.AccumOp)]
     assert kinds == ["max", "sum"], kinds  # (the max first, then the sum reading it, in one row)
+
+
+def test_costly_values_read_by_several_nests_are_kept_per_row(built):
+    """The exps of a softmax, of cross-entropy backward and of the softmax's moments: computed
+    once per row (one exp in the kernel) into a row of local scratch, which their sums and the
+    output load; LayerNorm's values (no costly op) and group statistics (one nest) keep none."""
+    for name in ("softmax_rows", "ce_grad", "softmax_moments"):
+        k = _lowered(built, name)
+        assert sum(isinstance(o, ir.ExpOp) for o in k.walk()) == 1, name
+        (row,) = [o for o in k.body.block.ops if isinstance(o, s.ForOp)]
+        scratch = [a.result for a in row.walk() if isinstance(a, s.AllocOp) and s.buf_type(a.result).rank == 1]
+        assert len(scratch) == 1 and s.buf_type(scratch[0]).role.data == "local", name
+        stores = [o for o in row.walk() if isinstance(o, s.StoreOp) and o.buf is scratch[0]]
+        loads = [o for o in row.walk() if isinstance(o, s.LoadOp) and o.buf is scratch[0]]
+        assert len(stores) == 1 and len(loads) == (3 if name == "softmax_moments" else 2), name
+    for name in ("softmax_rows", "ce_grad", "softmax_moments", "layer_norm_rows", "layer_norm_grad", "group_stats"):
+        kept = _kept(built, name)
+        if name.startswith(("softmax", "ce")):
+            assert [type(v.owner) for v in kept] == [ir.ExpOp], name
+        else:
+            assert kept == [], name
+
+
+def _kept(built: dict[str, object], name: str) -> list[object]:
+    """The elementwise values row groups plan to keep in rows of scratch for op ``name``."""
+    m = built["ops"][name].module()  # type: ignore[index]
+    pipeline.run(m, "cpu", until="convert-at-boundary")
+    f = next(x for x in m.walk() if isinstance(x, ir.FuncOp))
+    low = RowGroupLowering(f, set(f.aliased_outputs))
+    low.row_scratch = True
+    return [v for g in low.plan() for v in g.rowlocal if isinstance(v.owner, ir.ElementwiseOp)]
 
 
 def _special_rows(x: np.ndarray) -> np.ndarray:
@@ -179,6 +238,19 @@ def test_forward_chains_against_pytorch(built, rng, T, strided):
             assert_close_policy(got, ref, same, T, "softmax " + what)
             orc = oracle.run(ops["softmax_rows"], x=xs.copy())["y"]  # type: ignore[index]
             assert_close_policy(orc, ref, same, T, "oracle softmax " + what)
+            tg = rng.integers(0, d, n)
+            gl = np.array(0.75, np.float32)
+            got = runtime.call("ce_grad", lib=lib, grad_loss=gl, logits=xs, target=tg)["dlogits"]
+            onehot = torch.nn.functional.one_hot(torch.from_numpy(tg), d)
+            ref, same = ((s_ - onehot) * 0.75 / max(n, 1) for s_ in _softmax_refs(xs, T))
+            assert_close_policy(got, ref, same.to(tt(xs, T).dtype), T, "cross-entropy backward " + what)
+            orc = oracle.run(ops["ce_grad"], grad_loss=gl, logits=xs.copy(), target=tg)["dlogits"]  # type: ignore[index]
+            assert_close_policy(orc, ref, same.to(tt(xs, T).dtype), T, "oracle cross-entropy backward " + what)
+            got = runtime.call("softmax_moments", lib=lib, x=xs)
+            p64, p_same = _softmax_refs(xs, T)
+            mx = ((p64 * t64(xs)).sum(-1), (torch.softmax(tt(xs, T).float(), -1) * tt(xs, T).float()).sum(-1))
+            assert_close_policy(got["y"], p64, p_same, T, "softmax of the moments " + what)
+            assert_close_policy(got["mx"], *mx, "f32", "mean under the softmax " + what)
             w = rounded(rng.standard_normal(d), T)
             got = runtime.call("layer_norm_rows", lib=lib, x=x, w=w, eps=EPS)
             orc = oracle.run(ops["layer_norm_rows"], x=x.copy(), w=w, eps=EPS)  # type: ignore[index]
@@ -224,10 +296,12 @@ def test_the_same_bits_as_each_reduction_in_its_own_nest(built, unfused, rng):
     gomp = ctypes.CDLL("libgomp.so.1")
     team = gomp.omp_get_max_threads()
     for T in ("f32", "bf16"):
-        x = _special_rows(rounded(rng.standard_normal((37, 70)), T))
+        x = _special_rows(rounded(rng.standard_normal((37, 700)), T))  # (rows of many lanes' strips)
         xf = rounded(rng.standard_normal((37, 70)), T)
         gy, w = rounded(rng.standard_normal((37, 70)), T), rounded(rng.standard_normal(70), T)
-        calls = [("softmax_rows", {"x": x}), ("layer_norm_rows", {"x": xf, "w": w, "eps": EPS}),
+        calls = [("softmax_rows", {"x": x}), ("softmax_moments", {"x": x}),
+                 ("ce_grad", {"grad_loss": np.array(0.5, np.float32), "logits": x, "target": rng.integers(0, 700, 37)}),
+                 ("layer_norm_rows", {"x": xf, "w": w, "eps": EPS}),
                  ("group_stats", {"x": xf.reshape(37, 7, 10)}),
                  ("layer_norm_grad", {"grad_y": gy, "x": xf, "w": w, "eps": EPS})]
         for name, args in calls:
@@ -253,6 +327,9 @@ for dt in (np.float32, ml_dtypes.bfloat16):
             x = rng.standard_normal((n, 2 * d)).astype(dt)
             w = rng.standard_normal(d).astype(dt)
             runtime.call("softmax_rows", lib=lib, x=x[:, ::2])
+            runtime.call("softmax_moments", lib=lib, x=np.ascontiguousarray(x[:, :d]))
+            runtime.call("ce_grad", lib=lib, grad_loss=np.array(1.0, np.float32), logits=x[:, 1::2],
+                         target=rng.integers(0, d, n))
             runtime.call("layer_norm_rows", lib=lib, x=np.ascontiguousarray(x[:, :d]), w=w, eps=1e-5)
             runtime.call("layer_norm_grad", lib=lib, grad_y=x[:, 1::2], x=x[:, ::2], w=w, eps=1e-5)
     runtime.call("group_stats", lib=lib, x=rng.standard_normal((3, 5, 17)).astype(dt))

@@ -146,9 +146,16 @@ def lanes(elem_bytes: list[int]) -> int:
 
 def loaded_bytes(op: s.ForOp, binding: dict[str, DType]) -> list[int]:
     """The element sizes, in bytes, that the loads in ``op``'s body read under a kernel instance's
-    ``binding`` (:func:`~opgen.lower.sched.binding_bytes`)."""
+    ``binding`` (:func:`~opgen.lower.sched.binding_bytes`); a load of a kept row counts the
+    elements it was computed from too (``sched.LANE_DTYPES``)."""
     size = s.binding_bytes(binding)
-    return [size(s.buf_type(o.buf)) for o in op.body.block.ops if isinstance(o, s.LoadOp)]
+    out = []
+    for o in op.body.block.ops:
+        if isinstance(o, s.LoadOp):
+            out.append(size(s.buf_type(o.buf)))
+            if isinstance(a := o.buf.owner, s.AllocOp) and s.LANE_DTYPES in a.attributes:  # (a kept row)
+                out += [s.bound_dtype(d.data, binding).bits // 8 for d in a.attributes[s.LANE_DTYPES].data]
+    return out
 
 
 def strip(elem_bytes: list[int]) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
@@ -34,6 +35,11 @@ def column_sum(v: SSAValue) -> ir.ReduceOp | None:
     if isinstance(op, ir.ReduceOp) and op.axis_list == (0,) and op.kind.data == "sum":
         return op
     return None
+
+
+#: elementwise ops that cost a polynomial or more an element: a value computed with one and read
+#: by more than one loop nest of a row is computed once per row and kept (RowGroupLowering.kept_rows)
+COSTLY = (ir.ExpOp, ir.LogOp, ir.TanhOp, ir.SigmoidOp, ir.ErfOp, ir.PowOp)
 
 
 @dataclass
@@ -107,11 +113,66 @@ class RowGroupLowering(_Lowering):
                     members_of.get(k) == lead for k in sinks):
                 groups[lead].rowlocal.append(m)
                 members_of[m] = lead
+        if self.row_scratch:
+            members = set(members_of)
+            for g in groups.values():
+                for v in self.kept_rows(g, members):
+                    g.rowlocal.append(v)
+                    members_of[v] = g.dim
         # values computed before the groups must not depend on group members
         for m in mat:
             if m not in members_of and any(src in members_of for src in self._all_sources(m)):
                 raise NotFusable("a separately computed value depends on a row group")
         return list(groups.values())
+
+    def _elementwise_tree(self, root: SSAValue, stop: set[SSAValue]) -> list[SSAValue]:
+        """The values ``root`` is computed from through elementwise ops alone (``root`` first
+        where it is one), each read at ``root``'s own index; not past ``stop`` or a
+        materialised value."""
+        out: list[SSAValue] = []
+        todo, seen = [root], set()
+        while todo:
+            v = todo.pop()
+            if v in seen or v in stop or not isinstance(v.owner, ir.ElementwiseOp) or self.materialises(v.owner):
+                continue
+            seen.add(v)
+            out.append(v)
+            todo.extend(v.owner.operands)
+        return out
+
+    def kept_rows(self, g: RowGroup, members: set[SSAValue]) -> list[SSAValue]:
+        """Elementwise values of ``g``'s rows worth a row of scratch each (row_scratch): computed
+        with a COSTLY op and read by more than one of the group's loop nests (a softmax's exps,
+        by its sum and by its output; each row-local reduction is a nest, the outputs and
+        column sums sharing a row shape one), each then computed once per row (row_value) and
+        loaded where it is read, the outermost first. The same values: the same bits. Only in a
+        group with row-local reductions and no scatter-adds, for values of rank 2 (a row one
+        vector: a row of a higher rank could outgrow the caches) read through elementwise ops
+        alone (each at its own index, so at the current row) and by group members alone."""
+        reductions = [m for m in g.rowlocal if isinstance(m.owner, ir.ReduceOp)]
+        if not reductions or len(reductions) != len(g.rowlocal):
+            return []
+        nests: list[tuple[object, SSAValue]] = [(m, m.owner.x) for m in reductions]  # type: ignore[union-attr]
+        nests += [(tuple(ir.tensor_type(r.x).shape[1:]), r.x) for _, r in g.colreds]
+        nests += [(v if v in self.split else tuple(ir.tensor_type(v).shape[1:]), v) for _, v in g.outputs]
+        order = {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}
+        picked: list[SSAValue] = []
+        while True:
+            stop = set(picked) | set(g.rowlocal)
+            reach: dict[SSAValue, set[object]] = {}
+            for nest, root in nests:
+                for v in self._elementwise_tree(root, stop):
+                    reach.setdefault(v, set()).add(nest)
+            cands = [v for v, ns in reach.items() if len(ns) > 1 and self._worth_a_row(v, g, stop, members)]
+            if not cands:
+                return picked
+            picked.append(max(cands, key=lambda v: order[v]))
+
+    def _worth_a_row(self, v: SSAValue, g: RowGroup, stop: set[SSAValue], members: set[SSAValue]) -> bool:
+        t = ir.tensor_type(v)
+        if t.rank != 2 or t.shape[0] != g.dim or not self.sinks(v) <= members | {v}:
+            return False
+        return any(isinstance(x.owner, COSTLY) for x in self._elementwise_tree(v, stop))
 
     def _all_sources(self, v: SSAValue) -> set[SSAValue]:
         out: set[SSAValue] = set()
@@ -240,8 +301,17 @@ class RowGroupLowering(_Lowering):
         op = m.owner
         t = ir.tensor_type(m)
         rest = list(t.shape[1:])
-        local = b.alloc(rest, t.dtype, "local", zero=True)
-        if isinstance(op, ir.ReduceOp) and self.column_sum_op(m) is op and op.axis_list[0] > 0:
+        local = b.alloc(rest, t.dtype, "local", zero=not isinstance(op, ir.ElementwiseOp))
+        if isinstance(op, ir.ElementwiseOp):  # (kept_rows: each element stored before it is read)
+            inner = b.loops(rest, "parallel", "d")
+            loop = inner[0].owner.parent_op() if inner else None
+            b.stmt(s.StoreOp(self._emit_op(b, op, [x, *inner]), local.result, inner))
+            b.close_n(len(inner))
+            read = sorted({s.buf_type(o.buf).dtype for o in (loop.walk() if loop else ()) if isinstance(o, s.LoadOp)
+                           and s.buf_type(o.buf).role.data in ("in", "out")})
+            if read:
+                local.attributes[s.LANE_DTYPES] = ArrayAttr([StringAttr(d) for d in read])
+        elif isinstance(op, ir.ReduceOp) and self.column_sum_op(m) is op and op.axis_list[0] > 0:
             # a column sum within the row (a sum over the tokens of (B, N, D)): the summed axes'
             # rows in order, each along the axes after them (column_sums)
             src, axes = ir.tensor_type(op.x), op.axis_list

@@ -294,6 +294,14 @@ class KernelOp(IRDLOperation):
             raise VerifyException(f"sched.kernel: batched names '{n}', not a parameter")
 
 
+#: an optional attribute of a ``local`` buffer's ``sched.alloc`` (an array of dtype names): the
+#: caller dtypes of the elements the row it holds was computed from (a row group's kept row:
+#: opgen.lower.row_groups). A ``lanes`` reduction reading it takes the lanes of those elements
+#: (map-cpu's ``lanes``), so its sums add in the order, and to the bits, of the same reduction
+#: computed where it is read.
+LANE_DTYPES = "lane_dtypes"
+
+
 @irdl_op_definition
 class AllocOp(IRDLOperation):
     """A ``temp`` (workspace) or ``local`` (scratch) buffer; ``init`` zero-fills it."""

@@ -202,6 +202,10 @@ class _Lowering:
     #: straight into the result where there is one chunk, and its partials' sum then runs no
     #: iteration (:meth:`one_chunk`; set by LowerToLoops' ``one_chunk_direct``: the CPU's)
     one_chunk_direct: bool = False
+    #: a row group keeps in a row of scratch an elementwise value that costs a polynomial an
+    #: element and is read by more than one of its loop nests (``RowGroupLowering.kept_rows``;
+    #: set by LowerToLoops' ``row_scratch``: the CPU's)
+    row_scratch: bool = False
 
     def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int | None = None):
         self.func = func
@@ -890,15 +894,16 @@ def reshape_index(b: _Builder, src: Sequence[str], dst: Sequence[str], idx: Sequ
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
                chain_rows: int | None = None, chain_groups: int | None = None,
                column_chunk: int | None = None, full_sum_lanes: bool = False,
-               one_chunk_direct: bool = False) -> s.KernelOp:
+               one_chunk_direct: bool = False, row_scratch: bool = False) -> s.KernelOp:
     """Lower one function; with ``fuse``, matmul chains (opgen.lower.matmul_chain, tiles of
     ``chain_rows`` rows; one pass over ``chain_groups`` column groups when given) or row groups
     (opgen.lower.row_groups, column partials per ``column_chunk`` rows) are formed where legal,
-    else every materialised value gets its own loop nest (``full_sum_lanes``, ``one_chunk_direct``:
-    _Lowering's)."""
+    else every materialised value gets its own loop nest (``full_sum_lanes``, ``one_chunk_direct``,
+    ``row_scratch``: _Lowering's)."""
     def run(lowering: _Lowering) -> s.KernelOp:
         lowering.full_sum_lanes = full_sum_lanes
         lowering.one_chunk_direct = one_chunk_direct
+        lowering.row_scratch = row_scratch
         return lowering.run()
 
     if fuse:
@@ -933,11 +938,13 @@ class LowerToLoops(ModulePass):
     full_sum_lanes: bool = False
     #: a column sum of one chunk stored straight into its result (_Lowering.one_chunk_direct)
     one_chunk_direct: bool = False
+    #: costly values read by several nests of a row kept in a row of scratch (_Lowering.row_scratch)
+    row_scratch: bool = False
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
                 k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows, self.chain_groups,
-                               self.column_chunk, self.full_sum_lanes, self.one_chunk_direct)
+                               self.column_chunk, self.full_sum_lanes, self.one_chunk_direct, self.row_scratch)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)
