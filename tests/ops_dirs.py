@@ -8,6 +8,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from opgen import build, registry, runtime
+from opgen.lower import to_loops
+
+#: lower-to-loops' entry point, unpatched
+LOWER_FUNC = to_loops.lower_func
 
 
 @contextmanager
@@ -50,6 +54,19 @@ def built_ops_patched(root: Path, package: str, sources: dict[str, str], module:
             yield b
     finally:
         mp.undo()
+
+
+def no_fusion(func: object, aliases: object = frozenset(), fuse: bool = True, *args: object, **kw: object) -> object:
+    """lower-to-loops' ``lower_func`` with ``fuse`` off (no matmul chains, no row groups: each
+    materialised value its own loop nest), its other arguments as given."""
+    return LOWER_FUNC(func, aliases, False, *args, **kw)
+
+
+@contextmanager
+def built_unfused(root: Path, package: str, sources: dict[str, str]) -> Iterator[dict[str, object]]:
+    """:func:`built_ops` lowered by :func:`no_fusion` (the patch stays while the build lives)."""
+    with built_ops_patched(root, package, sources, to_loops, "lower_func", no_fusion) as b:
+        yield b
 
 
 def top_loops(built: dict[str, object], name: str) -> list[object]:

@@ -17,10 +17,10 @@ import pytest
 
 from opgen import oracle, runtime
 from opgen.emit import cpu
-from opgen.lower import cpu_map, to_loops
+from opgen.lower import cpu_map
 from opgen.lower import sched as s
 from opgen.lower.to_loops import CHUNKS, COLUMN_CHUNK
-from tests.ops_dirs import built_ops, built_ops_patched, top_loops
+from tests.ops_dirs import built_ops, built_unfused, top_loops
 from tests.reference import assert_close_policy, rounded, t64, tt
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
@@ -57,8 +57,6 @@ def sum_cols(x: Tensor[T, B, D], *, y: Output[T, D]):
     return {"y": sum(cast(x, f32), axis=0)}
 '''
 
-#: lower-to-loops' entry point, unpatched
-LOWER_FUNC = to_loops.lower_func
 #: leading-axis lengths around the chunks of rows
 ROWS = (1, COLUMN_CHUNK - 1, COLUMN_CHUNK, COLUMN_CHUNK + 1, 2 * COLUMN_CHUNK + 7)
 
@@ -69,16 +67,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         yield b
 
 
-def _no_fusion(func: object, aliases: object = frozenset(), fuse: bool = True, *args: object, **kw: object) -> object:
-    return LOWER_FUNC(func, aliases, False, *args, **kw)
-
-
 @pytest.fixture(scope="module")
 def unfused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     """The same ops built with lower-to-loops' unfused lowering (no row groups: its own column
     sums)."""
-    with built_ops_patched(tmp_path_factory.mktemp("unfused"), "opgen_test_colsums_unfused", {"sum_ops.py": SUM_OPS},
-                           to_loops, "lower_func", _no_fusion) as b:
+    with built_unfused(tmp_path_factory.mktemp("unfused"), "opgen_test_colsums_unfused", {"sum_ops.py": SUM_OPS}) as b:
         yield b
 
 

@@ -24,7 +24,7 @@ from opgen.lower import sched as s
 from opgen.lower import to_loops
 from opgen.lower.row_groups import RowGroupLowering
 from opgen.passes import pipeline
-from tests.ops_dirs import built_ops, built_ops_patched, top_loops
+from tests.ops_dirs import LOWER_FUNC, built_ops, built_unfused, no_fusion, top_loops
 from tests.reference import assert_close_policy, rounded, t64, tt
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
@@ -97,7 +97,6 @@ def softmax_moments(x: Tensor[T, N, D], *, y: Output[T, N, D], mx: Output[f32, N
     return {"y": e / s[:, None], "mx": sum(e * xf, axis=-1) / s}
 '''
 
-LOWER_FUNC = to_loops.lower_func
 EPS = 1e-5
 #: row lengths around the CPU's lanes (16 f32, 32 bf16) and a longer row
 LENGTHS = (1, 15, 16, 17, 33, 100)
@@ -109,15 +108,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         yield b
 
 
-def _no_fusion(func: object, aliases: object = frozenset(), fuse: bool = True, *args: object, **kw: object) -> object:
-    return LOWER_FUNC(func, aliases, False, *args, **kw)
-
-
 @pytest.fixture(scope="module")
 def unfused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     """The same ops built with lower-to-loops' unfused lowering: each reduction its own nest."""
-    with built_ops_patched(tmp_path_factory.mktemp("unfused"), "opgen_test_chains_unfused",
-                           {"chain_ops.py": CHAIN_OPS}, to_loops, "lower_func", _no_fusion) as b:
+    with built_unfused(tmp_path_factory.mktemp("unfused"), "opgen_test_chains_unfused",
+                       {"chain_ops.py": CHAIN_OPS}) as b:
         yield b
 
 
@@ -156,7 +151,7 @@ def test_each_row_is_read_in_one_pass(built):
                        ("layer_norm_grad", ("x", "grad_y"))):
         for arg in args:
             assert _passes_over(built, name, arg) == 1, (name, arg)
-        assert _passes_over(built, name, "x", _no_fusion) >= 2, name
+        assert _passes_over(built, name, "x", no_fusion) >= 2, name
     (row,) = [o for o in _lowered(built, "softmax_rows").body.block.ops if isinstance(o, s.ForOp)]
     kinds = [a.kind.data for a in row.walk() if isinstance(a, s.AccumOp)]
     assert kinds == ["max", "sum"], kinds  # (the max first, then the sum reading it, in one row)

@@ -155,7 +155,6 @@ class RowGroupLowering(_Lowering):
         nests: list[tuple[object, SSAValue]] = [(m, m.owner.x) for m in reductions]  # type: ignore[union-attr]
         nests += [(tuple(ir.tensor_type(r.x).shape[1:]), r.x) for _, r in g.colreds]
         nests += [(v if v in self.split else tuple(ir.tensor_type(v).shape[1:]), v) for _, v in g.outputs]
-        order = {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}
         picked: list[SSAValue] = []
         while True:
             stop = set(picked) | set(g.rowlocal)
@@ -166,7 +165,7 @@ class RowGroupLowering(_Lowering):
             cands = [v for v, ns in reach.items() if len(ns) > 1 and self._worth_a_row(v, g, stop, members)]
             if not cands:
                 return picked
-            picked.append(max(cands, key=lambda v: order[v]))
+            picked.append(max(cands, key=self.position.__getitem__))
 
     def _worth_a_row(self, v: SSAValue, g: RowGroup, stop: set[SSAValue], members: set[SSAValue]) -> bool:
         t = ir.tensor_type(v)
@@ -237,8 +236,7 @@ class RowGroupLowering(_Lowering):
             (x,) = b.loops([x_dim], "parallel", "x", skip_if=skip)
             accs = []
         # row-local values, in program order
-        order = {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}
-        for m in sorted(g.rowlocal, key=lambda v: order[v]):
+        for m in sorted(g.rowlocal, key=self.position.__getitem__):
             self.row_value(b, m, x)
         # one loop nest over the trailing dims for all members sharing it; reads first
         members: list[tuple[str, object]] = []

@@ -17,6 +17,7 @@ its contributions in increasing input order, so the result is deterministic on a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -359,8 +360,13 @@ class _Lowering:
                     base = o.owner.x if isinstance(o.owner, ir.TransposeOp) else o
                     if base not in self.buf:
                         need[base] = None
-        order = {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}
-        return sorted(need, key=lambda v: order[v])
+        return sorted(need, key=self.position.__getitem__)
+
+    @functools.cached_property
+    def position(self) -> dict[SSAValue, int]:
+        """Each value of the function by the position of its op (program order; the function is
+        only read while it is lowered)."""
+        return {v: i for i, op in enumerate(self.func.body.block.ops) for v in op.results}
 
     def index_values(self) -> dict[SSAValue, list[str]]:
         """Index tensors of gather/scatter/bincount, with the row counts they must stay below."""
