@@ -353,11 +353,21 @@ static void sgemm_block(int64_t mc, int64_t n, int64_t kc, const void *A, int64_
                         n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
 }
 
-/* opgen_sgemm, its rows spread over `threads` OpenMP threads (1: none): for each k block, B is
- * packed once (its panels in parallel), then each thread computes an even share of whole MR-row
- * panels (blocks of OPGEN_MC rows: a block of 256 rows, not a multiple of 14, wasted 4% on a
- * partial panel per block, and 17 blocks split 9/8 over two threads). A and B may be bf16 (abf,
- * bbf: widened exactly in their panels, so the bits of the f32 GEMM on their values). */
+/* Panels per row block of opgen_sgemm on `threads` threads (`panels` MR-row panels in all): OPGEN_MC
+ * rows on one thread; on several, blocks small enough that each thread takes about 16 of them,
+ * handed out as threads finish (4096 x 2048 x 2048 f32 on 2 threads of a noisy 2-vCPU VM: whole
+ * shares 199-206 GFLOP/s median, blocks of 18 panels handed out 231-255, of 9 235-269; the
+ * k block's barrier waits for at most one small block) */
+static int64_t sgemm_block_panels(int64_t panels, int threads) {
+    const int64_t most = OPGEN_MC / OPGEN_MR, want = (panels + 16 * (int64_t)threads - 1) / (16 * (int64_t)threads);
+    return threads <= 1 || want >= most ? most : want;
+}
+
+/* opgen_sgemm, its rows spread over `threads` OpenMP threads (1: an inactive region, so none):
+ * for each k block, B is packed once (its panels split over the threads), then row blocks of whole
+ * MR-row panels (sgemm_block_panels) go to the threads as they finish (each element's sums are the
+ * same whichever thread computes it, so the bits do not depend on the schedule). A and B may be
+ * bf16 (abf, bbf: widened exactly in their panels, so the bits of the f32 GEMM on their values). */
 static void sgemm_x(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, int64_t acs, int abf, const void *B,
                     int64_t brs, int64_t bcs, int bbf, float *C, int64_t ldc, int accumulate, int threads) {
     if (m <= 0 || n <= 0) return;
@@ -369,10 +379,10 @@ static void sgemm_x(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars,
     int64_t kc_max = k < OPGEN_KC ? k : OPGEN_KC;
     int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR;
     const int64_t panels = (m + OPGEN_MR - 1) / OPGEN_MR;
-    int64_t mpan = ((m < OPGEN_MC ? m : OPGEN_MC) + OPGEN_MR - 1) / OPGEN_MR;
     if (threads > panels) threads = (int)panels;
+    const int64_t bp = sgemm_block_panels(panels, threads), blocks = (panels + bp - 1) / bp;
     /* saturating sizes: panels that do not fit fall back to the triple loop */
-    size_t na = opgen_sz_mul(sizeof(float) * OPGEN_MR * OPGEN_KC, (size_t)mpan);
+    size_t na = opgen_sz_mul(sizeof(float) * OPGEN_MR * OPGEN_KC, (size_t)(bp < panels ? bp : panels));
     size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_NR, (size_t)kc_max), (size_t)npan);
     size_t na_all = opgen_sz_mul(na, (size_t)threads);
     float *pa = na_all == SIZE_MAX ? NULL : (float *)malloc(na_all);
@@ -383,31 +393,23 @@ static void sgemm_x(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars,
         sgemm_loop(m, n, k, A, ars, acs, abf, B, brs, bcs, bbf, C, ldc, accumulate);
         return;
     }
-    const size_t pa_stride = na / sizeof(float);
-    for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
-        int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
-        int acc = accumulate || k0 > 0;
-#define OPGEN_PACK_B(p) \
-    pack_b(n - (p) * OPGEN_NR < OPGEN_NR ? n - (p) * OPGEN_NR : OPGEN_NR, kc, at(B, k0 * brs + (p) * OPGEN_NR * bcs, bbf), \
-           brs, bcs, bbf, pb + (p) * OPGEN_NR * kc)
-#define OPGEN_ROWS(t, T) do { /* thread t of T: its share of whole MR-row panels, in row blocks */ \
-    const int64_t r0 = OPGEN_MR * (panels * (t) / (T)), r1e = OPGEN_MR * (panels * ((t) + 1) / (T)); \
-    const int64_t r1 = r1e < m ? r1e : m; \
-    for (int64_t i = r0; i < r1; i += OPGEN_MC) \
-        sgemm_block(r1 - i < OPGEN_MC ? r1 - i : OPGEN_MC, n, kc, at(A, i * ars + k0 * acs, abf), ars, acs, abf, pb, \
-                    C + i * ldc, ldc, acc, pa + (size_t)(t) * pa_stride); \
-} while (0)
-        if (threads > 1) { /* (no parallel region at all for one thread: callers may be inside one) */
-            #pragma omp parallel for schedule(static) num_threads(threads)
-            for (int64_t p = 0; p < npan; p++) OPGEN_PACK_B(p);
-            #pragma omp parallel num_threads(threads)
-            OPGEN_ROWS(omp_get_thread_num(), omp_get_num_threads());
-        } else {
-            for (int64_t p = 0; p < npan; p++) OPGEN_PACK_B(p);
-            OPGEN_ROWS(0, 1);
+    /* (one thread: an inactive region, whose loops bind to it, not to a caller's region) */
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *pa_t = pa + (size_t)omp_get_thread_num() * (na / sizeof(float));
+        for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+            const int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
+            #pragma omp for schedule(static)
+            for (int64_t p = 0; p < npan; p++)
+                pack_b(n - p * OPGEN_NR < OPGEN_NR ? n - p * OPGEN_NR : OPGEN_NR, kc,
+                       at(B, k0 * brs + p * OPGEN_NR * bcs, bbf), brs, bcs, bbf, pb + p * OPGEN_NR * kc);
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t q = 0; q < blocks; q++) {
+                const int64_t i = q * bp * OPGEN_MR, rows = m - i < bp * OPGEN_MR ? m - i : bp * OPGEN_MR;
+                sgemm_block(rows, n, kc, at(A, i * ars + k0 * acs, abf), ars, acs, abf, pb, C + i * ldc, ldc,
+                            accumulate || k0 > 0, pa_t);
+            }
         }
-#undef OPGEN_PACK_B
-#undef OPGEN_ROWS
     }
     free(pa);
     free(pb);
@@ -823,8 +825,8 @@ static int64_t out_rows(size_t b_bytes, int64_t nkb) {
 
 /* C (bf16, leading dimension ldc) = (or +=) op(A) op(B) of bf16 operands, each element rounded
  * once. B is packed whole, panel-major (bpack_panel_group; bf16 linear 4096 x 2048 x 2048 on
- * 2 Zen 5 threads: 939-952 -> 956-967 GFLOP/s); each thread takes blocks of out_rows() rows, packs
- * their A for every k block (kept in L2; the dot-product kernel reads a row-major A in place
+ * 2 Zen 5 threads: 939-952 -> 956-967 GFLOP/s); the threads take blocks of out_rows() rows as they
+ * finish, pack their A for every k block (kept in L2; the dot-product kernel reads a row-major A in place
  * instead where no padding is needed: dp_kernel_rows), then for each 32 columns (B's panel)
  * sums each 32 x 32 block of C over all of k in the tiles and rounds it into C. The same
  * instructions per element as opgen_bgemm (k blocks in order), so its f32 sums, whatever the
@@ -847,45 +849,41 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
         free(pt);
         return 0;
     }
-#define OPGEN_OUT_ROWS(t, T) do { /* thread t of T: its share of the row blocks */ \
-    uint16_t *pa = pt + (size_t)(t) * (nt / sizeof(uint16_t)); \
-    _Alignas(64) float tmp[32 * 32]; \
-    const bkernel_t kernel = units_begin(); \
-    for (int64_t rb = blocks * (t) / (T); rb < blocks * ((t) + 1) / (T); rb++) { \
-        const int64_t i0 = rb * rb_rows, rows = m - i0 < rb_rows ? m - i0 : rb_rows; \
-        const int direct = kernel == dp_kernel_all_k && acs == 1 && k % 32 == 0 && rows % 32 == 0; \
-        for (int64_t kb = 0; kb < nkb && !direct; kb++) { /* (read in place: nothing to pack) */ \
-            const int64_t k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC; \
-            bpack_a(rows, kc, (kc + 31) & ~(int64_t)31, at(A, i0 * ars + k0 * acs, 1), ars, acs, 1, pa + (size_t)kb * sa); \
-        } \
-        for (int64_t j = 0; j < n; j += 32) \
-            for (int64_t i = 0; i < rows; i += 32) { \
-                const int64_t r = rows - i < 32 ? rows - i : 32, q = n - j < 32 ? n - j : 32; \
-                uint16_t *c = C + (i0 + i) * ldc + j; \
-                const uint16_t *panel = pb + (size_t)(j / 32) * nkb * 32 * BKC; /* (B's 32 columns, all of k) */ \
-                if (accumulate) \
-                    for (int64_t a = 0; a < 32; a++) \
-                        for (int64_t b = 0; b < 32; b++) tmp[a * 32 + b] = a < r && b < q ? opgen_bf16_to_f32(c[a * ldc + b]) : 0.0f; \
-                if (direct) \
-                    dp_kernel_rows(k, A + (i0 + i) * ars, ars, panel, 32 * BKC, tmp, 32, accumulate); \
-                else \
-                    kernel(k, pa + i * BKC, (int64_t)sa, panel, 32 * BKC, 0, tmp, 32, accumulate); \
-                for (int64_t a = 0; a < r; a++) /* (rounded a row of 32 at a time: vcvtne2ps2bf16) */ \
-                    opgen_bf16_store_strip(c + a * ldc, 1, tmp + a * 32, (int)q, 0); \
-            } \
-    } \
-    units_end(); \
-} while (0)
-    if (threads > 1) {
-        #pragma omp parallel for schedule(static) num_threads(threads)
+    /* (one thread: an inactive region, whose loops bind to it, not to a caller's region) */
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        uint16_t *pa = pt + (size_t)omp_get_thread_num() * (nt / sizeof(uint16_t));
+        _Alignas(64) float tmp[32 * 32];
+        #pragma omp for schedule(static)
         for (int64_t q = 0; q < nkb * groups; q++) bpack_panel_group(q, k, n, B, brs, bcs, 1, pb);
-        #pragma omp parallel num_threads(threads)
-        OPGEN_OUT_ROWS(omp_get_thread_num(), omp_get_num_threads());
-    } else {
-        for (int64_t q = 0; q < nkb * groups; q++) bpack_panel_group(q, k, n, B, brs, bcs, 1, pb);
-        OPGEN_OUT_ROWS(0, 1);
+        const bkernel_t kernel = units_begin();
+        #pragma omp for schedule(dynamic, 1) /* (row blocks as threads finish: the same sums whichever) */
+        for (int64_t rb = 0; rb < blocks; rb++) {
+            const int64_t i0 = rb * rb_rows, rows = m - i0 < rb_rows ? m - i0 : rb_rows;
+            const int direct = kernel == dp_kernel_all_k && acs == 1 && k % 32 == 0 && rows % 32 == 0;
+            for (int64_t kb = 0; kb < nkb && !direct; kb++) { /* (read in place: nothing to pack) */
+                const int64_t k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC;
+                bpack_a(rows, kc, (kc + 31) & ~(int64_t)31, at(A, i0 * ars + k0 * acs, 1), ars, acs, 1, pa + (size_t)kb * sa);
+            }
+            for (int64_t j = 0; j < n; j += 32)
+                for (int64_t i = 0; i < rows; i += 32) {
+                    const int64_t r = rows - i < 32 ? rows - i : 32, q = n - j < 32 ? n - j : 32;
+                    uint16_t *c = C + (i0 + i) * ldc + j;
+                    const uint16_t *panel = pb + (size_t)(j / 32) * nkb * 32 * BKC; /* (B's 32 columns, all of k) */
+                    if (accumulate)
+                        for (int64_t a = 0; a < 32; a++)
+                            for (int64_t b = 0; b < 32; b++)
+                                tmp[a * 32 + b] = a < r && b < q ? opgen_bf16_to_f32(c[a * ldc + b]) : 0.0f;
+                    if (direct)
+                        dp_kernel_rows(k, A + (i0 + i) * ars, ars, panel, 32 * BKC, tmp, 32, accumulate);
+                    else
+                        kernel(k, pa + i * BKC, (int64_t)sa, panel, 32 * BKC, 0, tmp, 32, accumulate);
+                    for (int64_t a = 0; a < r; a++) /* (rounded a row of 32 at a time: vcvtne2ps2bf16) */
+                        opgen_bf16_store_strip(c + a * ldc, 1, tmp + a * 32, (int)q, 0);
+                }
+        }
+        units_end();
     }
-#undef OPGEN_OUT_ROWS
     free(pb);
     free(pt);
     return 1;
@@ -893,12 +891,21 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
 #undef OUT_RB
 #pragma GCC pop_options
 
-/* opgen_bgemm on `threads` threads (abf, bbf: bf16 operands): B packed once per k block, rows split
- * in whole 32-row strips; 0 when its buffers cannot be had */
+/* Whole 32-row strips per row block of bgemm on `threads` threads (`strips` in all): BMC rows on
+ * one thread; on several, about 16 blocks per thread, handed out as threads finish (as
+ * sgemm_block_panels) */
+static int64_t bgemm_block_strips(int64_t strips, int threads) {
+    const int64_t most = BMC / 32, want = (strips + 16 * (int64_t)threads - 1) / (16 * (int64_t)threads);
+    return threads <= 1 || want >= most ? most : want;
+}
+
+/* opgen_bgemm on `threads` threads (abf, bbf: bf16 operands): B packed once per k block, then row
+ * blocks of whole 32-row strips handed out as threads finish; 0 when its buffers cannot be had */
 static int bgemm(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, int64_t acs, int abf, const void *B,
                  int64_t brs, int64_t bcs, int bbf, float *C, int64_t ldc, int accumulate, int threads) {
     const int64_t strips = (m + 31) / 32, kcm = k < BKC ? (k + 31) & ~(int64_t)31 : BKC, groups = (n + 31) / 32 * 2;
     if (threads > strips) threads = (int)strips;
+    const int64_t sp = bgemm_block_strips(strips, threads), blocks = (strips + sp - 1) / sp;
     const size_t na = sizeof(uint16_t) * BMC * BKC;
     const size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), (size_t)((n + 31) & ~(int64_t)31)), (size_t)kcm);
     const size_t na_all = opgen_sz_mul(na, (size_t)threads);
@@ -909,23 +916,20 @@ static int bgemm(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, in
         free(pb);
         return 0;
     }
-    for (int64_t k0 = 0; k0 < k; k0 += BKC) {
-        const int64_t kc = k - k0 < BKC ? k - k0 : BKC, kcp = (kc + 31) & ~(int64_t)31;
-        const int load = accumulate || k0 > 0;
-#define OPGEN_BROWS(t, T) do { /* thread t of T: its share of whole 32-row strips */ \
-    const int64_t r0 = 32 * (strips * (t) / (T)), r1e = 32 * (strips * ((t) + 1) / (T)); \
-    bgemm_rows(r0, r1e < m ? r1e : m, n, k0, kc, A, ars, acs, abf, pb, C, ldc, load, pa + (size_t)(t) * (na / 2)); \
-} while (0)
-        if (threads > 1) {
-            #pragma omp parallel for schedule(static) num_threads(threads)
+    /* (one thread: an inactive region, whose loops bind to it, not to a caller's region) */
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        uint16_t *pa_t = pa + (size_t)omp_get_thread_num() * (na / sizeof(uint16_t));
+        for (int64_t k0 = 0; k0 < k; k0 += BKC) {
+            const int64_t kc = k - k0 < BKC ? k - k0 : BKC, kcp = (kc + 31) & ~(int64_t)31;
+            #pragma omp for schedule(static)
             for (int64_t g = 0; g < groups; g++) bpack_group(n, k0, kc, kcp, g, B, brs, bcs, bbf, pb + g * kcp * 16);
-            #pragma omp parallel num_threads(threads)
-            OPGEN_BROWS(omp_get_thread_num(), omp_get_num_threads());
-        } else {
-            for (int64_t g = 0; g < groups; g++) bpack_group(n, k0, kc, kcp, g, B, brs, bcs, bbf, pb + g * kcp * 16);
-            OPGEN_BROWS(0, 1);
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t q = 0; q < blocks; q++) {
+                const int64_t r0 = 32 * sp * q, r1 = r0 + 32 * sp < m ? r0 + 32 * sp : m;
+                bgemm_rows(r0, r1, n, k0, kc, A, ars, acs, abf, pb, C, ldc, accumulate || k0 > 0, pa_t);
+            }
         }
-#undef OPGEN_BROWS
     }
     free(pa);
     free(pb);
