@@ -15,9 +15,9 @@ start is printed too, and that of a 256 MiB read, the fastest of PyTorch's ``sum
 8 streams a thread (benchmarks/stream_copy.c): the ceiling of a row that only reads, 70-75% of
 the copy's on the Zen 5 VM); the new ops' rows add their time with the data in cache, which
 shows the rows that are compute-bound here. Products in f32 show the fraction of the f32 FMA peak, products
-in bf16 that of the bf16 dot-product peak (AVX512-BF16), both sides (benchmarks/fma_peak.c,
-measured in the same run). FLCE peak memory is measured in a fresh subprocess per contender
-(resident-set growth over the call, sampled every millisecond).
+in bf16 that of the bf16 units opgen's library uses here (AMX tiles, or AVX512-BF16 dot products),
+both sides (benchmarks/fma_peak.c, measured in the same run). FLCE peak memory is measured in a
+fresh subprocess per contender (resident-set growth over the call, sampled every millisecond).
 """
 
 from __future__ import annotations
@@ -65,9 +65,11 @@ def read_bandwidth() -> float:
     return COPY_BYTES / min(read() for _ in range(5)) / 1e9
 
 
-def fma_peak() -> tuple[float | None, float | None]:
-    """GFLOP/s on THREADS threads of f32 multiply-adds and of bf16 dot products (VDPBF16PS; None
-    without AVX512-BF16) (benchmarks/fma_peak.c, compiled here); None, None without a C compiler."""
+def fma_peak() -> tuple[float | None, float | None, str]:
+    """GFLOP/s on THREADS threads of f32 multiply-adds and of the bf16 products opgen's library
+    uses here (benchmarks/fma_peak.c, compiled here), and the name of those: AMX tile products
+    (TDPBF16PS) where the library runs its bf16 GEMMs on AMX, else AVX512-BF16 dot products
+    (VDPBF16PS; None without them); None, None without a C compiler."""
     import math
     import tempfile
 
@@ -78,10 +80,11 @@ def fma_peak() -> tuple[float | None, float | None]:
     r = subprocess.run([cc.compiler(), "-O2", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=fast",
                         "-fopenmp", src, "-o", exe], capture_output=True, text=True)
     if r.returncode != 0:
-        return None, None
+        return None, None, ""
+    amx = runtime.load().opgen_bf16_units() == 2  # (0 none, 1 AVX512-BF16, 2 AMX: the runtime's choice)
     f32 = float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
-    bf16 = float(subprocess.run([exe, "bf16"], capture_output=True, text=True, check=True).stdout)
-    return f32, None if math.isnan(bf16) else bf16
+    bf16 = float(subprocess.run([exe, "amx" if amx else "bf16"], capture_output=True, text=True, check=True).stdout)
+    return f32, None if math.isnan(bf16) else bf16, "AMX bf16 tile-product" if amx else "bf16 dot-product"
 
 
 def embedding_inputs(dtype: torch.dtype, scale: bool, quick: bool) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -238,13 +241,14 @@ def peak_main(who: str, quick: bool) -> None:
     print(max(0.0, max(peak[0], rss_mb()) - before))
 
 
-def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | None = None) -> str:
+def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | None = None,
+          bf16_units: str = "bf16 dot-product") -> str:
     """The markdown table: speed-up with both sides allocating their outputs; % copy BW from the
     time with the outputs given (the kernel alone: fresh pages cost both sides their zeroing,
     which no kernel avoids), each call against the copy timed right after it (timing.given_ms's
     ``pct_copy``), and for a row whose in-cache time alone exceeds 80% of that, a
-    note that it is compute-bound on this machine; % FMA peak for f32 products, % of the bf16
-    dot-product peak for bf16 ones (where the machine has AVX512-BF16)."""
+    note that it is compute-bound on this machine; % FMA peak for f32 products, % of the peak of
+    the bf16 units (``bf16_units``: AMX or AVX512-BF16, where the machine has them) for bf16 ones."""
     lines = ["| case | opgen ms | PyTorch ms | speed-up | opgen ms, outputs given | % copy BW | notes |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -264,7 +268,7 @@ def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | No
             if peak and r.get("f32_products"):
                 note += f", {100 * gf / peak:.0f}% of the f32 FMA peak"
             if bf16_peak and r.get("bf16_products"):
-                note += f", {100 * gf / bf16_peak:.0f}% of the bf16 dot-product peak (PyTorch " \
+                note += f", {100 * gf / bf16_peak:.0f}% of the {bf16_units} peak (PyTorch " \
                         f"{100 * r['flops'] / (r['torch_ms'] / 1e3) / 1e9 / bf16_peak:.0f}%)"
             notes.append(note)
         if "torch_path" in r:
@@ -289,11 +293,11 @@ def main() -> None:
         peak_main(a.peak, a.quick)
         return
     rows_wanted = a.rows.split(",")
-    bw, read_bw, (peak, bf16_peak) = copy_bandwidth(), read_bandwidth(), fma_peak()
+    bw, read_bw, (peak, bf16_peak, bf16_units) = copy_bandwidth(), read_bandwidth(), fma_peak()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"threads={THREADS}, torch {torch.__version__}, copy bandwidth {bw:.1f} GB/s, read-only bandwidth "
           f"{read_bw:.1f} GB/s ({100 * read_bw / bw:.0f}% of the copy's), "
-          f"f32 FMA peak {peak or float('nan'):.0f} GFLOP/s, bf16 dot-product peak "
+          f"f32 FMA peak {peak or float('nan'):.0f} GFLOP/s, {bf16_units or 'bf16'} peak "
           f"{bf16_peak or float('nan'):.0f} GFLOP/s", flush=True)
     rows = []
     if "embedding" in rows_wanted:
@@ -315,11 +319,12 @@ def main() -> None:
             rows.append(r)
             print(r, flush=True)
     print()
-    print(table(rows, bw, peak, bf16_peak))
+    print(table(rows, bw, peak, bf16_peak, bf16_units))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"copy_bw_gbs": bw, "read_bw_gbs": read_bw,
-                       "fma_peak_gflops": peak, "bf16_peak_gflops": bf16_peak, "threads": THREADS,
+                       "fma_peak_gflops": peak, "bf16_peak_gflops": bf16_peak, "bf16_units": bf16_units,
+                       "threads": THREADS,
                        "rows": rows}, f, indent=1)
 
 

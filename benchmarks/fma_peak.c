@@ -4,12 +4,21 @@
  * on a Zen 3 spilled to the stack and read 16 of its 205 GFLOP/s) and the program prints
  * GFLOP/s (2 per lane and multiply-add) over all threads, best of 5.
  * With the argument "bf16": the bf16 dot-product peak the same way (12 chains of VDPBF16PS, 64
- * flops each: 16 lanes of two products and their sums), or "nan" without AVX512-BF16. */
+ * flops each: 16 lanes of two products and their sums), or "nan" without AVX512-BF16.
+ * With "amx": the AMX bf16 tile-product peak (6 chains of TDPBF16PS on 16 x 16 f32 tiles, 16384
+ * flops each: 16 x 16 sums of 32 products), or "nan" without AMX-BF16 or without Linux's grant of
+ * the tile data state (the units opgen_bgemm uses on such a machine). */
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(__AMX_BF16__)
 #include <immintrin.h>
+#endif
+#if defined(__AMX_BF16__) && defined(__linux__)
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAVE_AMX 1
 #endif
 
 #if defined(__AVX512F__)
@@ -58,7 +67,38 @@ static float dp_chains(void) {
 }
 #endif
 
-/* GFLOP/s over all threads, best of 5, of `chains` run by every thread (flops per chain step) */
+#ifdef HAVE_AMX
+#define AMX_ITERS 1000000L /* steps of 6 tile products per thread and repetition */
+/* the same with TDPBF16PS: tiles 0-5 the chains' f32 sums, 6 and 7 the bf16 operands (in registers) */
+static float amx_chains(void) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+    static const uint16_t ops[16 * 32] = {0}; /* (zeros: the sums stay finite) */
+    float out[16 * 16];
+    _tile_loadd(6, ops, 64);
+    _tile_loadd(7, ops, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); _tile_zero(4); _tile_zero(5);
+    for (long it = 0; it < AMX_ITERS; it++) {
+        _tile_dpbf16ps(0, 6, 7); _tile_dpbf16ps(1, 6, 7); _tile_dpbf16ps(2, 6, 7);
+        _tile_dpbf16ps(3, 6, 7); _tile_dpbf16ps(4, 6, 7); _tile_dpbf16ps(5, 6, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[omp_get_thread_num() % 256];
+}
+#endif
+
+/* GFLOP/s over all threads, best of 5, of `chains` run by every thread (flops: each thread's) */
 static double best_gflops(float (*chains)(void), double flops) {
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
@@ -66,7 +106,7 @@ static double best_gflops(float (*chains)(void), double flops) {
         float sink = 0;
 #pragma omp parallel reduction(+ : sink)
         sink += chains();
-        double dt = omp_get_wtime() - t0, gf = flops * 12 * ITERS * omp_get_max_threads() / dt / 1e9;
+        double dt = omp_get_wtime() - t0, gf = flops * omp_get_max_threads() / dt / 1e9;
         if (gf > best) best = gf;
         if (sink == 12345.0f) printf("(unreachable)\n");
     }
@@ -74,14 +114,24 @@ static double best_gflops(float (*chains)(void), double flops) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "amx") == 0) {
+#ifdef HAVE_AMX
+        if (syscall(SYS_arch_prctl, 0x1023, 18) == 0) { /* ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA */
+            printf("%.1f\n", best_gflops(amx_chains, 16384.0 * 6 * AMX_ITERS));
+            return 0;
+        }
+#endif
+        printf("nan\n");
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "bf16") == 0) {
 #if defined(__AVX512BF16__)
-        printf("%.1f\n", best_gflops(dp_chains, 64.0));
+        printf("%.1f\n", best_gflops(dp_chains, 64.0 * 12 * ITERS));
 #else
         printf("nan\n");
 #endif
         return 0;
     }
-    printf("%.1f\n", best_gflops(fma_chains, 2.0 * LANES));
+    printf("%.1f\n", best_gflops(fma_chains, 2.0 * LANES * 12 * ITERS));
     return 0;
 }

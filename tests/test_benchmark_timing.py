@@ -54,3 +54,31 @@ def test_the_copier_times_a_copy():
     copy = timing.copier(1 << 20)
     t = copy()
     assert 0 < t < 1.0
+
+
+def test_the_bf16_peak_is_that_of_the_units_the_library_uses(tmp_path):
+    """benchmarks/fma_peak.c's "amx" peak (what benchmarks/cpu.py divides a bf16 GEMM's rate by
+    where the library runs it on AMX) is a tile-product rate far above the f32 FMA peak where the
+    library uses AMX, and "nan" on a machine without AMX-BF16: a bf16 row must never be shown as a
+    percentage of the slower AVX512-BF16 dot products while it runs on AMX tiles (it read 579%)."""
+    import math
+    import subprocess
+
+    from opgen import compile as cc
+    from opgen import runtime
+
+    exe = tmp_path / "fma_peak"
+    subprocess.run([cc.compiler(), "-O2", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=fast",
+                    "-fopenmp", "-Wall", "-Wextra", "-Werror", str(registry.REPO_ROOT / "benchmarks" / "fma_peak.c"),
+                    "-o", str(exe)], check=True)
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    f32 = float(subprocess.run([str(exe)], capture_output=True, text=True, check=True, env=env).stdout)
+    amx = float(subprocess.run([str(exe), "amx"], capture_output=True, text=True, check=True, env=env).stdout)
+    assert f32 > 0
+    units = runtime.load().opgen_bf16_units()
+    if units == 2:
+        assert amx > 4 * f32, (amx, f32)  # (16 x 16 x 32 products per instruction)
+    with open("/proc/cpuinfo") as f:
+        has_amx = " amx_bf16 " in f.read().replace("\n", " ")
+    if not has_amx:
+        assert math.isnan(amx)
