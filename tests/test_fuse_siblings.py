@@ -27,6 +27,7 @@ from opgen.ir import dialect as ir
 from opgen.lower import fuse_siblings
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import CpuMapping, cpu_mapping
+from opgen.lower.row_groups import RowGroupLowering
 from opgen.passes import pipeline
 from tests.ops_dirs import built_ops, built_ops_patched
 from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
@@ -139,30 +140,40 @@ def test_results_match_numpy_and_the_unfused_build(built, unfused, rng, dt, shap
 def test_attention_rows_are_summed_and_rewritten_in_one_nest(built):
     """Softmax backward on (B, H, S, S): one loop over the heads, one over the rows, and in it the
     row's sum (``lanes``) then its second pass (``stream``, prefetching the next row): the row is
-    read again from cache. Without the pass: a nest of sums, then a nest of second passes."""
-    def heads(stage: str) -> list[s.ForOp]:
-        m = pipeline.run(registry.get("attn_softmax_backward").module(), "cpu", until=stage)
+    read again from cache. The row group's rows run over (B, H, S) (fold_rows: the three loops
+    collapsed), each row computing its sum then its second pass; with B's rows alone (the row
+    group's rows before fold_rows, kept here by a patch), this pass fuses the nest of sums and the
+    nest of second passes that lowering leaves under the heads loop."""
+    def heads(stage: str, fold: bool = True) -> list[s.ForOp]:
+        mp = pytest.MonkeyPatch()
+        if not fold:
+            mp.setattr(RowGroupLowering, "row_dims", lambda self, g: [g.dim])
+        try:
+            m = pipeline.run(registry.get("attn_softmax_backward").module(), "cpu", until=stage)
+        finally:
+            mp.undo()
         (k,) = [o for o in m.body.block.ops if isinstance(o, s.KernelOp)]
         (batch,) = _loops(k)  # type: ignore[arg-type]
         return _loops(batch)
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(fuse_siblings, "ENABLED", True)  # (the unfused build's fixture, if up, turned it off)
-    try:
-        (h,) = heads("map-cpu")
-    finally:
-        mp.undo()
-    (rows,) = _loops(h)
-    total, second = _loops(rows)
-    assert cpu_mapping(total) == CpuMapping.LANES and cpu_mapping(second) == CpuMapping.STREAM
-    nxt = [o for o in second.body.block.ops if isinstance(o, s.PrefetchOp) and o.idx[2] is not rows.iv]
-    assert len(nxt) == 2  # (grad's and y's next row)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(fuse_siblings, "ENABLED", False)
-    try:
-        assert len(heads("fuse-siblings")) == 2
-    finally:
-        mp.undo()
+    for fold in (True, False):
+        mp = pytest.MonkeyPatch()
+        mp.setattr(fuse_siblings, "ENABLED", True)  # (the unfused build's fixture, if up, turned it off)
+        try:
+            (h,) = heads("map-cpu", fold)
+        finally:
+            mp.undo()
+        (rows,) = _loops(h)
+        total, second = _loops(rows)
+        assert cpu_mapping(total) == CpuMapping.LANES and cpu_mapping(second) == CpuMapping.STREAM
+        nxt = [o for o in second.body.block.ops if isinstance(o, s.PrefetchOp) and o.idx[2] is not rows.iv]
+        assert len(nxt) == 2  # (grad's and y's next row)
+        mp = pytest.MonkeyPatch()
+        mp.setattr(fuse_siblings, "ENABLED", False)
+        try:
+            assert len(heads("fuse-siblings", fold)) == (1 if fold else 2), fold
+        finally:
+            mp.undo()
 
 
 @pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])

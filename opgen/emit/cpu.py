@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from xdsl.dialects.builtin import IntAttr
+
 from opgen import dtypes
 from opgen.dsl.opdef import OpDef
 from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, SizeSpec, TensorSpec
@@ -28,8 +30,8 @@ class CpuPrinter(CPrinter):
     #: an omp_for loop with streaming stores: a region, the loop without its barrier, a fence
     OMP_REGION = "#pragma omp parallel num_threads(opgen_team())"
     OMP_FOR_NOWAIT = "#pragma omp for{collapse} schedule(static) nowait"
-    #: an omp_for loop sharing the team with the loop in its body (map-cpu's ``collapse``)
-    COLLAPSE = " collapse(2)"
+    #: an omp_for loop sharing the team with the loops nested in it (map-cpu's ``collapse``: how many)
+    COLLAPSE = " collapse({n})"
     SIMD = "#pragma omp simd"
     #: print map-cpu's vector loops' pragma (off in the O1 general-stride flavour, which is not
     #: vectorised: the pragma would force it)
@@ -66,7 +68,8 @@ class CpuPrinter(CPrinter):
         return name
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
-        collapse = self.COLLAPSE if COLLAPSE in op.attributes else ""
+        n = op.attributes.get(COLLAPSE)
+        collapse = self.COLLAPSE.format(n=n.data) if isinstance(n, IntAttr) else ""
         if cpu_mapping(op) == CpuMapping.OMP_FOR and self.streams(op):  # (a region that fences its streams)
             self.line(self.OMP_REGION)
             self.line("{")

@@ -72,7 +72,7 @@ from __future__ import annotations
 import math
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, UnitAttr
+from xdsl.dialects.builtin import FloatAttr, IntAttr, IntegerAttr, ModuleOp, UnitAttr
 from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -82,7 +82,7 @@ from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.flat_chunks import FLAT
 from opgen.lower.sched import CpuMapping, CpuMappingAttr
-from opgen.lower.to_loops import CHUNKS
+from opgen.lower.to_loops import CHUNKS, ROWS
 
 MAPPING = "cpu_mapping"
 #: the fixed lanes of a ``lanes`` reduction that reads no 2-byte element (:func:`lanes`; lane l
@@ -103,21 +103,28 @@ PREFETCH_AHEAD = 2048
 PAIRS = "pairs"
 PAIR = "pair"
 #: an ``omp_for`` loop whose body is a column sum's loop over chunks of rows alone (kept axes
-#: walked outside the chunks: opgen/lower/to_loops.py ``hoist``): the two share the team
-#: (``collapse(2)``), so that a few chunks or a few kept rows still use every thread (on rotary
-#: embeddings' (N, H) loops the collapse cost 10-50%: only these)
+#: walked outside the chunks: opgen/lower/to_loops.py ``hoist``), or a row group's next row loop
+#: alone (its rows over several leading dims: ``ROWS``, and so on inward): the nest shares the
+#: team (``collapse(n)``, an integer attribute: the loops collapsed), so that a few chunks, a few
+#: kept rows or a small leading dim still use every thread (on rotary embeddings' (N, H) loops
+#: the collapse cost 10-50%: only these)
 COLLAPSE = "collapse"
 
 
-def collapsible(o: s.ForOp) -> bool:
-    """Whether ``omp_for`` loop ``o`` shares the team with the loop in its body (:data:`COLLAPSE`):
-    its body that loop alone, a parallel loop over a column sum's chunks (``CHUNKS``) with bounds
-    defined outside ``o``."""
-    ops = [x for x in o.body.block.ops if not isinstance(x, s.YieldOp)]
-    if len(ops) != 1 or not isinstance(inner := ops[0], s.ForOp) or CHUNKS not in inner.attributes:
-        return False
-    return inner.kind.data == "parallel" and all(
-        not o.is_ancestor(v.owner) for v in (inner.lo, inner.hi) if isinstance(v.owner, Operation))
+def collapsible(o: s.ForOp) -> int:
+    """How many loops ``omp_for`` loop ``o`` and the loops nested in it share the team over
+    (:data:`COLLAPSE`; 1: ``o`` alone): while a body is one loop alone, a parallel loop over a
+    column sum's chunks (``CHUNKS``) or a row group's rows (``ROWS``) with bounds defined outside
+    ``o``."""
+    n, cur = 1, o
+    while True:
+        ops = [x for x in cur.body.block.ops if not isinstance(x, s.YieldOp)]
+        if len(ops) != 1 or not isinstance(inner := ops[0], s.ForOp) or inner.kind.data != "parallel":
+            return n
+        if not (CHUNKS in inner.attributes or ROWS in inner.attributes) or any(
+                o.is_ancestor(v.owner) for v in (inner.lo, inner.hi) if isinstance(v.owner, Operation)):
+            return n
+        n, cur = n + 1, inner
 
 
 def cpu_mapping(op: Operation) -> str | None:
@@ -495,8 +502,8 @@ def _map(op: Operation, in_parallel: bool) -> None:
                 if isinstance(o, s.ForOp):
                     if o.kind.data == "parallel" and not in_parallel:
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.OMP_FOR)
-                        if collapsible(o):
-                            o.attributes[COLLAPSE] = UnitAttr()
+                        if (n := collapsible(o)) > 1:
+                            o.attributes[COLLAPSE] = IntAttr(n)
                     elif lane_split(o):
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.LANES)
                         mark_pairs(o)

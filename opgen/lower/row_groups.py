@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, StringAttr, UnitAttr
 from xdsl.ir import Operation, SSAValue
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.to_loops import CHUNKS, NotFusable, _Builder, _Lowering
+from opgen.lower.to_loops import CHUNKS, ROWS, NotFusable, _Builder, _Lowering
 
 
 def column_sum(v: SSAValue) -> ir.ReduceOp | None:
@@ -48,6 +48,9 @@ class RowGroup:
     outputs: list[tuple[str, SSAValue]] = field(default_factory=list)
     colreds: list[tuple[str, ir.ReduceOp]] = field(default_factory=list)
     rowlocal: list[SSAValue] = field(default_factory=list)
+    #: the dims of a row: ``dim`` and the members' shared leading dims after it where folded
+    #: (RowGroupLowering.row_dims)
+    rows: list[str] = field(default_factory=list)
 
 
 class RowGroupLowering(_Lowering):
@@ -113,6 +116,8 @@ class RowGroupLowering(_Lowering):
                     members_of.get(k) == lead for k in sinks):
                 groups[lead].rowlocal.append(m)
                 members_of[m] = lead
+        for g in groups.values():
+            g.rows = self.row_dims(g)
         if self.row_scratch:
             members = set(members_of)
             for g in groups.values():
@@ -124,6 +129,28 @@ class RowGroupLowering(_Lowering):
             if m not in members_of and any(src in members_of for src in self._all_sources(m)):
                 raise NotFusable("a separately computed value depends on a row group")
         return list(groups.values())
+
+    def row_dims(self, g: RowGroup) -> list[str]:
+        """The dims of ``g``'s rows: ``g.dim``, then (``fold_rows``) each next leading dim that
+        every output and row-local value of the group shares, as long as each row so indexed is
+        computed on its own: no column sums, split outputs or scatter-adds, and each row-local
+        reduction over axes after the rows' alone. The rows' loops nest one in another with
+        nothing between them (map-cpu splits the nest among the threads: a (1, T, D) RMSNorm
+        ran on one thread). The same values per row: the same bits."""
+        if not self.fold_rows or g.colreds or any(v in self.split for _, v in g.outputs):
+            return [g.dim]
+        if any(not isinstance(m.owner, ir.ReduceOp | ir.ElementwiseOp) for m in g.rowlocal):
+            return [g.dim]
+        shapes = [ir.tensor_type(v).shape for _, v in g.outputs] + [ir.tensor_type(m).shape for m in g.rowlocal]
+        rows = [g.dim]
+        # (each output keeps an axis after its rows: its loop nest's innermost, vectorised)
+        for k in range(1, min(len(ir.tensor_type(v).shape) for _, v in g.outputs) - 1):
+            d = shapes[0][k]
+            if d.isdigit() or any(len(sh) <= k or sh[k] != d for sh in shapes) or any(
+                    isinstance(m.owner, ir.ReduceOp) and min(m.owner.axis_list) <= k for m in g.rowlocal):
+                break
+            rows.append(d)
+        return rows
 
     def _elementwise_tree(self, root: SSAValue, stop: set[SSAValue]) -> list[SSAValue]:
         """The values ``root`` is computed from through elementwise ops alone (``root`` first
@@ -169,7 +196,8 @@ class RowGroupLowering(_Lowering):
 
     def _worth_a_row(self, v: SSAValue, g: RowGroup, stop: set[SSAValue], members: set[SSAValue]) -> bool:
         t = ir.tensor_type(v)
-        if t.rank != 2 or t.shape[0] != g.dim or not self.sinks(v) <= members | {v}:
+        k = len(g.rows)
+        if t.rank != k + 1 or list(t.shape[:k]) != g.rows or not self.sinks(v) <= members | {v}:
             return False
         return any(isinstance(x.owner, COSTLY) for x in self._elementwise_tree(v, stop))
 
@@ -233,11 +261,15 @@ class RowGroupLowering(_Lowering):
                 accs.append(a.result)
             x = b.open(*self.chunk_rows(b, c, x_dim, chunk), kind, "x")
         else:
-            (x,) = b.loops([x_dim], "parallel", "x", skip_if=skip)
+            xs = b.loops(g.rows or [x_dim], "parallel", "x", skip_if=skip)
+            for iv in xs[1:]:  # (folded rows: map-cpu splits the nest)
+                iv.owner.parent_op().attributes[ROWS] = UnitAttr()  # type: ignore[union-attr]
+            x = xs[0]
             accs = []
+        rows = [x] if g.colreds else xs
         # row-local values, in program order
         for m in sorted(g.rowlocal, key=self.position.__getitem__):
-            self.row_value(b, m, x)
+            self.row_value(b, m, rows)
         # one loop nest over the trailing dims for all members sharing it; reads first
         members: list[tuple[str, object]] = []
         for (_, r), acc in zip(g.colreds, accs, strict=True):
@@ -250,10 +282,10 @@ class RowGroupLowering(_Lowering):
         for kind, item in members:
             if kind == "acc":
                 r = item[0]  # type: ignore[index]
-                rest = tuple(ir.tensor_type(r.x).shape[1 + len(hoist):])
+                rest = tuple(ir.tensor_type(r.x).shape[len(rows) + len(hoist):])
             else:
                 v = item[1]  # type: ignore[index]
-                rest = tuple(ir.tensor_type(v).shape[1 + len(hoist):])
+                rest = tuple(ir.tensor_type(v).shape[len(rows) + len(hoist):])
                 if v in self.split:  # its own nests (below), one per part of the concat it reads
                     split.append(item)  # type: ignore[arg-type]
                     continue
@@ -263,15 +295,15 @@ class RowGroupLowering(_Lowering):
             for kind, item in items:
                 if kind == "acc":
                     r, acc = item  # type: ignore[misc]
-                    b.stmt(s.AccumOp("sum", self.emit(b, r.x, [x, *up, *inner]), acc, inner))
+                    b.stmt(s.AccumOp("sum", self.emit(b, r.x, [*rows, *up, *inner]), acc, inner))
                 else:
                     name, v = item  # type: ignore[misc]
-                    b.stmt(s.StoreOp(self.emit(b, v, [x, *up, *inner]), self.arg(name), [x, *up, *inner]))
+                    b.stmt(s.StoreOp(self.emit(b, v, [*rows, *up, *inner]), self.arg(name), [*rows, *up, *inner]))
             b.close_n(len(inner))
         for name, v in split:
             self.split_nests(b, self.split[v], ir.tensor_type(v).shape[1:], [x], "d", lambda at, name=name, v=v: b.stmt(
                 s.StoreOp(self.emit(b, v, at), self.arg(name), at)))
-        b.close()  # x
+        b.close_n(len(rows))  # the rows
         if g.colreds:
             one = self.store_sums(b, hoist, nchunk, [
                 (acc, list(ir.tensor_type(r.result).shape)[len(hoist):], self.arg(name), up, p, [c, *up])
@@ -294,16 +326,17 @@ class RowGroupLowering(_Lowering):
         (rest,) = shapes
         return list(rest[:-1])
 
-    def row_value(self, b: _Builder, m: SSAValue, x: SSAValue) -> None:
-        """Compute row ``x`` of ``m`` into a per-row scratch buffer."""
+    def row_value(self, b: _Builder, m: SSAValue, xs: list[SSAValue]) -> None:
+        """Compute the row of ``m`` at ``xs`` (its leading indices) into a per-row scratch buffer."""
         op = m.owner
         t = ir.tensor_type(m)
-        rest = list(t.shape[1:])
+        k = len(xs)
+        rest = list(t.shape[k:])
         local = b.alloc(rest, t.dtype, "local", zero=not isinstance(op, ir.ElementwiseOp))
         if isinstance(op, ir.ElementwiseOp):  # (kept_rows: each element stored before it is read)
             inner = b.loops(rest, "parallel", "d")
             loop = inner[0].owner.parent_op() if inner else None
-            b.stmt(s.StoreOp(self._emit_op(b, op, [x, *inner]), local.result, inner))
+            b.stmt(s.StoreOp(self._emit_op(b, op, [*xs, *inner]), local.result, inner))
             b.close_n(len(inner))
             read = sorted({s.buf_type(o.buf).dtype for o in (loop.walk() if loop else ()) if isinstance(o, s.LoadOp)
                            and s.buf_type(o.buf).role.data in ("in", "out")})
@@ -313,10 +346,10 @@ class RowGroupLowering(_Lowering):
             # a column sum within the row (a sum over the tokens of (B, N, D)): the summed axes'
             # rows in order, each along the axes after them (column_sums)
             src, axes = ir.tensor_type(op.x), op.axis_list
-            mid = b.loops([src.shape[i] for i in range(1, axes[0])], "parallel", "d")
+            mid = b.loops([src.shape[i] for i in range(k, axes[0])], "parallel", "d")
             rows = b.loops([src.shape[a] for a in axes], "serial", "y")
             after = b.loops(list(src.shape[axes[-1] + 1:]), "parallel", "d")
-            b.stmt(s.AccumOp("sum", self.emit(b, op.x, [x, *mid, *rows, *after]), local.result, [*mid, *after]))
+            b.stmt(s.AccumOp("sum", self.emit(b, op.x, [*xs, *mid, *rows, *after]), local.result, [*mid, *after]))
             b.close_n(len(after) + len(rows) + len(mid))
         elif isinstance(op, ir.ReduceOp):
             src = ir.tensor_type(op.x)
@@ -328,8 +361,8 @@ class RowGroupLowering(_Lowering):
                 inf = float("inf") if op.kind.data == "min" else float("-inf")
                 b.stmt(s.StoreOp(b.scalar(ir.ConstantOp(inf, src.dtype), pinned=True), acc.result, []))
             inner = b.loops([src.shape[a] for a in axes], "reduce", "r")
-            full: list[SSAValue] = [x] * src.rank
-            for i, iv in zip(kept[1:], outer, strict=True):
+            full: list[SSAValue] = [*xs, *[xs[0]] * (src.rank - k)]
+            for i, iv in zip(kept[k:], outer, strict=True):
                 full[i] = iv
             for a, iv in zip(axes, inner, strict=True):
                 full[a] = iv
@@ -338,8 +371,8 @@ class RowGroupLowering(_Lowering):
             b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), local.result, outer))
             b.close_n(len(outer))
         elif isinstance(op, ir.ScatterAddOp):
-            self.segment_sum(b, op, x, local.result)
+            self.segment_sum(b, op, xs[0], local.result)
         else:
             raise NotFusable(f"{op} cannot be computed per row")
-        self.rowlocal[m] = (local.result, x)
+        self.rowlocal[m] = (local.result, tuple(xs))
 

@@ -37,6 +37,9 @@ COLUMN_CHUNK = 32
 #: a unit attribute on the loop over a column sum's chunks of rows (each its own row of partials):
 #: where kept axes are walked outside it (``hoist``), map-cpu splits both among the threads
 CHUNKS = "chunks"
+#: a unit attribute on each loop but the outermost of a row group's rows over several leading dims
+#: (``fold_rows``): map-cpu splits the whole nest among the threads
+ROWS = "rows"
 #: elements per partial of a 1-D tensor summed whole where sums run in lanes (``full_sum_lanes``)
 FULL_SUM_CHUNK = 16384
 
@@ -207,6 +210,11 @@ class _Lowering:
     #: element and is read by more than one of its loop nests (``RowGroupLowering.kept_rows``;
     #: set by LowerToLoops' ``row_scratch``: the CPU's)
     row_scratch: bool = False
+    #: a row group's rows are those of its members' shared leading dims, not of the first alone,
+    #: where each row is computed on its own ((B, T, D) with a sum over D; attention's (B, H, S, S)
+    #: with one over the last S): every thread takes rows even where B is small
+    #: (``RowGroupLowering.row_dims``; set by LowerToLoops' ``fold_rows``: the CPU's)
+    fold_rows: bool = False
 
     def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int | None = None):
         self.func = func
@@ -231,7 +239,7 @@ class _Lowering:
         self.kblock = self.kernel.body.block
         self.buf: dict[SSAValue, SSAValue] = {}  # L0 value -> buffer holding it
         self.ibuf: dict[SSAValue, SSAValue] = {}  # index value -> its range-checked i64 copy
-        self.rowlocal: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}  # value -> (local row, row iv)
+        self.rowlocal: dict[SSAValue, tuple[SSAValue, tuple[SSAValue, ...]]] = {}  # value -> (local row, row ivs)
         self.scalars: dict[SSAValue, SSAValue] = {}
         self.segs: dict[tuple[SSAValue, str], tuple[SSAValue, SSAValue]] = {}  # see segments()
         self.split = self.split_concats()  # returned value -> the concat its nest splits over
@@ -392,12 +400,12 @@ class _Lowering:
         if v in self.scalars:
             return self.scalars[v]
         if v in self.rowlocal:
-            local, x = self.rowlocal[v]
-            if idx[0] is not x:
+            local, xs = self.rowlocal[v]
+            if any(i is not x for i, x in zip(idx, xs, strict=False)):
                 raise NotFusable(f"{v} read at another row")
             if s.buf_type(local).rank == 0:
                 return b.scalar(s.LoadOp(local, []), pinned=True)
-            return b.scalar(s.LoadOp(local, list(idx[1:])), key=key)
+            return b.scalar(s.LoadOp(local, list(idx[len(xs):])), key=key)
         if v in self.buf:
             buf = self.buf[v]
             bt = s.buf_type(buf)
@@ -900,16 +908,17 @@ def reshape_index(b: _Builder, src: Sequence[str], dst: Sequence[str], idx: Sequ
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
                chain_rows: int | None = None, chain_groups: int | None = None,
                column_chunk: int | None = None, full_sum_lanes: bool = False,
-               one_chunk_direct: bool = False, row_scratch: bool = False) -> s.KernelOp:
+               one_chunk_direct: bool = False, row_scratch: bool = False, fold_rows: bool = False) -> s.KernelOp:
     """Lower one function; with ``fuse``, matmul chains (opgen.lower.matmul_chain, tiles of
     ``chain_rows`` rows; one pass over ``chain_groups`` column groups when given) or row groups
     (opgen.lower.row_groups, column partials per ``column_chunk`` rows) are formed where legal,
     else every materialised value gets its own loop nest (``full_sum_lanes``, ``one_chunk_direct``,
-    ``row_scratch``: _Lowering's)."""
+    ``row_scratch``, ``fold_rows``: _Lowering's)."""
     def run(lowering: _Lowering) -> s.KernelOp:
         lowering.full_sum_lanes = full_sum_lanes
         lowering.one_chunk_direct = one_chunk_direct
         lowering.row_scratch = row_scratch
+        lowering.fold_rows = fold_rows
         return lowering.run()
 
     if fuse:
@@ -946,11 +955,14 @@ class LowerToLoops(ModulePass):
     one_chunk_direct: bool = False
     #: costly values read by several nests of a row kept in a row of scratch (_Lowering.row_scratch)
     row_scratch: bool = False
+    #: a row group's rows over its members' shared leading dims (_Lowering.fold_rows)
+    fold_rows: bool = False
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
                 k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows, self.chain_groups,
-                               self.column_chunk, self.full_sum_lanes, self.one_chunk_direct, self.row_scratch)
+                               self.column_chunk, self.full_sum_lanes, self.one_chunk_direct, self.row_scratch,
+                               self.fold_rows)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)

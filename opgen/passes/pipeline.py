@@ -95,7 +95,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # Index and mask parameters are read in one dtype (i64/bool), converted by the binder: kernels per
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS, full_sum_lanes=True,
-                                                   one_chunk_direct=True, row_scratch=True), FuseReductions(),
+                                                   one_chunk_direct=True, row_scratch=True, fold_rows=True),
+            FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), FuseSiblings(), MatmulIntoOutput(), NarrowProducts(),
             HoistPacking(), ColumnStrips(), TileTransposes(), JamRows(), FuseReductions(), CombineAccums(),
             ChunkFlatLoops(), MapCpu(),
