@@ -275,6 +275,17 @@ static void pack_b(int64_t nr, int64_t kc, const void *B, int64_t brs, int64_t b
 #endif
     if (bcs == 1 && !bf) { /* rows of B contiguous: vector copies */
         const float *b = B;
+#if defined(OPGEN_VEC)
+        if (nr == OPGEN_NR) { /* two vectors a row (the plain loop became a call to memmove per row:
+                                 a tenth of an in-cache f32 GEMM's time) */
+            enum { H = OPGEN_NR / 2 };
+            for (int64_t k = 0; k < kc; k++) {
+                OPGEN_VEC(storeu_ps)(p + k * OPGEN_NR, OPGEN_VEC(loadu_ps)(b + k * brs));
+                OPGEN_VEC(storeu_ps)(p + k * OPGEN_NR + H, OPGEN_VEC(loadu_ps)(b + k * brs + H));
+            }
+            return;
+        }
+#endif
         for (int64_t k = 0; k < kc; k++)
             for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = b[k * brs + j];
     } else if (bcs == 1 && bf == ST_F16) {
