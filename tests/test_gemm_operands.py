@@ -124,6 +124,30 @@ def test_linear_gemm_against_float64_and_the_plain_loop(built, rng, dt, n, k, m)
     assert not wide[:, 1::2].any()  # (nothing written between)
 
 
+def test_f16_output_copy_kept_between_and_during_calls(built, rng):
+    """The f16 GEMM into an f16 output keeps its f32 copy of C between calls (one buffer, taken and
+    given back by atomic exchange): calls of growing and shrinking sizes one after another, then
+    the same calls from four threads at once, each within the output's rounding of float64 and
+    bitwise the same call's result alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shapes = [(300, 2 * 256 + 9, 70), (13, 7, 31), (700, 64, 500), (1, 1, 1), (300, 2 * 256 + 9, 70)]
+    inputs = [(rng.standard_normal((n, k)).astype(np.float16), rng.standard_normal((m, k)).astype(np.float16))
+              for n, k, m in shapes]
+
+    def call(i: int) -> np.ndarray:
+        x, w = inputs[i % len(inputs)]
+        return np.asarray(runtime.call("lin", lib=built["lib"], x=x, w=w)["y"]).copy()
+
+    alone = [call(i) for i in range(len(inputs))]
+    for (x, w), got, (_, k, _) in zip(inputs, alone, shapes, strict=True):
+        _close(got, _ref(x, w.T), "f16", k)
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(call, range(8 * len(inputs))))
+    for i, got in enumerate(together):
+        assert np.array_equal(got.view(np.uint16), alone[i % len(inputs)].view(np.uint16)), i
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize(("b", "r", "k", "m"), [(1, 1, 5, 3), (3, 17, 40, 33), (2, 150, 2 * 256 + 9, 70)])
 def test_batched_rows_against_float64_and_the_plain_loop(built, rng, dt, b, r, k, m):
@@ -154,7 +178,7 @@ SANITIZED = textwrap.dedent("""
     lib = runtime.load(sys.argv[1])
     rng = np.random.default_rng(0)
     for t in (np.float32, ml_dtypes.bfloat16, np.float16):
-        for b, r, k, m in ((1, 1, 1, 1), (2, 3, 5, 7), (3, 40, 300, 33)):
+        for b, r, k, m in ((1, 1, 1, 1), (2, 3, 5, 7), (3, 40, 300, 33), (2, 3, 5, 7)):  # (16-bit C: kept copies)
             big = rng.standard_normal((b, r + 1, k)).astype(t)
             gbig = rng.standard_normal((b, r + 1, m)).astype(t)
             w = rng.standard_normal((m, k)).astype(t)
