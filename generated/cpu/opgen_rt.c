@@ -1110,9 +1110,10 @@ static void rows16(int64_t m, int64_t n, float *c, uint16_t *C, int64_t ldc, int
 }
 
 /* Memory for a large temporary of the runtime that is written whole (the f32 copy of a 16-bit
- * GEMM's C, kept between calls: scratch_take), aligned to `align` (a power of two dividing 2 MiB): from 2 MiB on, 2 MiB-aligned
- * and advised to transparent huge pages where Linux has them, as numpy does for its large arrays
- * (and PyTorch with THP_MEM_ALLOC_ENABLE): one page fault per 2 MiB instead of 512. A fresh 32 MiB
+ * GEMM's C, kept between calls: scratch_take), aligned to `align` (a power of two dividing 2 MiB):
+ * from 2 MiB on, 2 MiB-aligned and advised to transparent huge pages where Linux has them, as
+ * numpy does for its large arrays (and PyTorch with THP_MEM_ALLOC_ENABLE): one page fault per
+ * 2 MiB instead of 512. A fresh 32 MiB
  * buffer written once took 21-28 ms on 4 KiB pages against 4-5 ms on huge pages (the 2-core AVX2
  * VM, defrag "madvise"). Not for buffers only partly touched (the GEMM panels, a workspace of our
  * own): each huge page is zeroed whole (on the panels, FLCE's tile GEMMs lost 14%). NULL when it
