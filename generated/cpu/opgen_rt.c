@@ -220,59 +220,8 @@ static void pack_a(int64_t mr, int64_t kc, const void *A, int64_t ars, int64_t a
     }
 }
 
-#if defined(__AVX512F__)
-/* 16 elements (f32, or 16-bit storage bf widened exactly) from p */
-static inline __m512 widen16(const void *p, int bf) {
-    if (!bf) return _mm512_loadu_ps(p);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return bf == ST_F16 ? _mm512_cvtph_ps(h) /* (exact: opgen_f16_load_strip's) */
-                        : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* A 16 x 16 f32 block transposed in registers: four rounds of interleaving row i with row i + 8
- * (the perfect shuffle: after four, row i holds column i), 64 two-source permutes */
-static inline void transpose16(__m512 r[16]) {
-    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-    _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
-        __m512 t[16];
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            t[2 * i] = _mm512_permutex2var_ps(r[i], lo, r[i + 8]);
-            t[2 * i + 1] = _mm512_permutex2var_ps(r[i], hi, r[i + 8]);
-        }
-        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] = t[i];
-    }
-}
-
-/* pack_b's panel from a transposed B (brs 1: each column of B contiguous): 16 columns x 16 k at a
- * time loaded as rows and transposed in registers; the rest element by element. (Element by element
- * throughout, packing B of a linear layer's x W^T took 3-5% of the f32 GEMM.) */
-static void pack_bt(int64_t nr, int64_t kc, const void *B, int64_t bcs, int bf, float *restrict p) {
-    int64_t j = 0;
-    for (; j + 16 <= nr; j += 16) {
-        int64_t k = 0;
-        for (; k + 16 <= kc; k += 16) {
-            __m512 r[16];
-            _Pragma("GCC unroll 16") for (int q = 0; q < 16; q++) r[q] = widen16(at(B, k + (j + q) * bcs, bf), bf);
-            transpose16(r);
-            _Pragma("GCC unroll 16") for (int q = 0; q < 16; q++) _mm512_storeu_ps(p + (k + q) * OPGEN_NR + j, r[q]);
-        }
-        for (int64_t jj = j; jj < j + 16; jj++)
-            for (int64_t kk = k; kk < kc; kk++) p[kk * OPGEN_NR + jj] = ld1(at(B, kk + jj * bcs, bf), bf);
-    }
-    for (; j < nr; j++)
-        for (int64_t k = 0; k < kc; k++) p[k * OPGEN_NR + j] = ld1(at(B, k + j * bcs, bf), bf);
-}
-#endif
-
 static void pack_b(int64_t nr, int64_t kc, const void *B, int64_t brs, int64_t bcs, int bf, float *restrict p) {
     if (nr < OPGEN_NR) memset(p, 0, sizeof(float) * OPGEN_NR * (size_t)kc);
-#if defined(__AVX512F__)
-    if (brs == 1 && bcs != 1) {
-        pack_bt(nr, kc, B, bcs, bf, p);
-        return;
-    }
-#endif
     if (bcs == 1 && !bf) { /* rows of B contiguous: vector copies */
         const float *b = B;
 #if defined(OPGEN_VEC)
@@ -296,9 +245,12 @@ static void pack_b(int64_t nr, int64_t kc, const void *B, int64_t brs, int64_t b
         const uint16_t *b = B;
         for (int64_t k = 0; k < kc; k++)
             for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = opgen_bf16_to_f32(b[k * brs + j]);
-    } else { /* B transposed: stream each column */
-        for (int64_t j = 0; j < nr; j++)
-            for (int64_t k = 0; k < kc; k++) p[k * OPGEN_NR + j] = ld1(at(B, k * brs + j * bcs, bf), bf);
+    } else { /* B transposed or strided: its columns staged as the panel's rows by tile-transposes'
+                helper (16 x 16 blocks transposed in registers where k runs along a column: element by
+                element, packing B of a linear layer's x W^T took 3-5% of the f32 GEMM) */
+        if (bf == ST_F16) opgen_f16_transpose_tile(p, OPGEN_NR, B, bcs, brs, nr, kc);
+        else if (bf) opgen_bf16_transpose_tile(p, OPGEN_NR, B, bcs, brs, nr, kc);
+        else opgen_f32_transpose_tile(p, OPGEN_NR, B, bcs, brs, nr, kc);
     }
 }
 
