@@ -714,25 +714,30 @@ static void amx_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const ui
 #define DPR 8
 #define DPKB 16
 typedef int32_t __attribute__((may_alias)) opgen_pair_t; /* (a pair of bf16, read as one word) */
-/* acc0 += A's pair at p . v0 and acc1 += the pair . v1: two VDPBF16PS whose pair is broadcast
- * from memory ({1to16}), where GCC keeps a pair used twice in a register (a VPBROADCASTD of its
- * own each: 8 more instructions a step of 16 dot products). With B's lines prefetched 16 steps
- * ahead: bf16 linear 4096 x 2048 x 2048, one thread of the Zen 5 VM,
- * alternating in one process, 210-218 -> 218-222 GFLOP/s (of 234); the same bits. */
-#define DP_PAIR(acc0, acc1, v0, v1, p)                                                                     \
-    do {                                                                                                  \
-        __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc0) : "v"(v0), "m"(*(const opgen_pair_t *)(p))); \
-        __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc1) : "v"(v1), "m"(*(const opgen_pair_t *)(p))); \
+/* acc0 += A's pair at p . v0 and acc1 += the pair . v1: the pair broadcast into a register once
+ * (VPBROADCASTD, a load), read by both VDPBF16PS. (Each VDPBF16PS broadcasting the pair from
+ * memory itself ({1to16}, inline asm) had measured 1-4% faster on the Zen 5 VM while its units ran
+ * at half their rate; at full rate the kernel in L1 ran 85% of the dot-product peak that way and
+ * 95-99% this way, and bf16 linear 4096 x 2048 x 2048 on one thread 275-316 -> 341-364 GFLOP/s,
+ * on two 562 -> 651, alternating in one process; the same bits.) */
+#define DP_PAIR(acc0, acc1, v0, v1, p)                                                 \
+    do {                                                                              \
+        const __m512bh w_ = (__m512bh)_mm512_set1_epi32(*(const opgen_pair_t *)(p)); \
+        acc0 = _mm512_dpbf16_ps(acc0, w_, v0);                                        \
+        acc1 = _mm512_dpbf16_ps(acc1, w_, v1);                                        \
     } while (0)
-/* rows r0 .. r0 + DPR - 1 of the kernel's body (below) over DPKB k blocks from kg, C in registers */
-static inline __attribute__((always_inline)) void dp_rows(int r0, int64_t kg, int64_t k, const uint16_t *a, int64_t sa,
-                                                          int64_t rs, int64_t g16, int64_t ss, const uint16_t *pb,
-                                                          int64_t sb, int64_t g, float *c, int64_t ldc, int ld) {
+/* DPR rows of the kernel's body (below) over DPKB k blocks from kg, C in registers: row i's pair
+ * q of its k values s of k block kb at a + kb * sa + i * rs + s * ss + 2 q, its C at c + i * ldc.
+ * One function, not inlined: inlined into its callers four times, GCC spilled a B vector to the
+ * stack inside two of the copies' loops (a store and a reload every 16 dot products). */
+static __attribute__((noinline)) void dp_rows(int64_t kg, int64_t k, const uint16_t *a, int64_t sa, int64_t rs,
+                                              int64_t ss, const uint16_t *pb, int64_t sb, int64_t g, float *c,
+                                              int64_t ldc, int ld) {
     __m512 acc[2 * DPR];
 #pragma GCC unroll 8
     for (int i = 0; i < DPR; i++) {
-        acc[2 * i] = ld ? _mm512_loadu_ps(c + (r0 + i) * ldc) : _mm512_setzero_ps();
-        acc[2 * i + 1] = ld ? _mm512_loadu_ps(c + (r0 + i) * ldc + 16) : _mm512_setzero_ps();
+        acc[2 * i] = ld ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+        acc[2 * i + 1] = ld ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
     }
     for (int64_t kb = kg; kb < kg + DPKB && kb * BKC < k; kb++) {
         const int64_t kcp = ((k - kb * BKC < BKC ? k - kb * BKC : BKC) + 31) & ~(int64_t)31;
@@ -744,33 +749,28 @@ static inline __attribute__((always_inline)) void dp_rows(int r0, int64_t kg, in
                 _mm_prefetch((const char *)(b0 + (s * 16 + q + 16) * 32), _MM_HINT_T0); /* (no fault) */
                 _mm_prefetch((const char *)(b1 + (s * 16 + q + 16) * 32), _MM_HINT_T0);
 #pragma GCC unroll 8
-                for (int i = 0; i < DPR; i++) {
-                    const int r = r0 + i;
-                    DP_PAIR(acc[2 * i], acc[2 * i + 1], v0, v1, a + kb * sa + (r / 16) * g16 + (r % 16) * rs + s * ss + 2 * q);
-                }
+                for (int i = 0; i < DPR; i++)
+                    DP_PAIR(acc[2 * i], acc[2 * i + 1], v0, v1, a + kb * sa + i * rs + s * ss + 2 * q);
             }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < DPR; i++) {
-        _mm512_storeu_ps(c + (r0 + i) * ldc, acc[2 * i]);
-        _mm512_storeu_ps(c + (r0 + i) * ldc + 16, acc[2 * i + 1]);
+        _mm512_storeu_ps(c + i * ldc, acc[2 * i]);
+        _mm512_storeu_ps(c + i * ldc + 16, acc[2 * i + 1]);
     }
 }
 /* the kernel's body for A at a + kb * sa + (r / 16) * g16 + (r % 16) * rs + s * ss + k's pair (row
  * r, k block kb, its 32 k values s): bpack_a's tiles (rs 32, g16 16 BKC, ss 512, sa the block's
- * pack) or a row-major bf16 A read in place (rs = g16 / 16 = its row stride, ss 32, sa BKC); each
- * group of DPR rows inlined on its own (r0 a constant in each: one thread 1-2% faster than a loop
- * over r0, which GCC leaves rolled) */
+ * pack) or a row-major bf16 A read in place (rs = g16 / 16 = its row stride, ss 32, sa BKC); a
+ * group of DPR rows never straddles 16 rows (DPR divides 16) */
 static inline __attribute__((always_inline)) void dp_kernel_body(int64_t k, const uint16_t *a, int64_t sa, int64_t rs,
                                                                  int64_t g16, int64_t ss, const uint16_t *pb,
                                                                  int64_t sb, int64_t g, float *c, int64_t ldc,
                                                                  int load) {
     for (int64_t kg = 0; kg * BKC < k; kg += DPKB) { /* (a group of DPKB k blocks) */
         const int ld = load || kg > 0;
-        dp_rows(0, kg, k, a, sa, rs, g16, ss, pb, sb, g, c, ldc, ld);
-        dp_rows(DPR, kg, k, a, sa, rs, g16, ss, pb, sb, g, c, ldc, ld);
-        dp_rows(2 * DPR, kg, k, a, sa, rs, g16, ss, pb, sb, g, c, ldc, ld);
-        dp_rows(3 * DPR, kg, k, a, sa, rs, g16, ss, pb, sb, g, c, ldc, ld);
+        for (int r0 = 0; r0 < 32; r0 += DPR)
+            dp_rows(kg, k, a + (r0 / 16) * g16 + (r0 % 16) * rs, sa, rs, ss, pb, sb, g, c + r0 * ldc, ldc, ld);
     }
 }
 static void dp_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const uint16_t *pb, int64_t sb, int64_t g,
