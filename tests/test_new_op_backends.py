@@ -1382,7 +1382,9 @@ def test_transposed_reads_walk_tiles(built):
     row-major (tj = t / n_i: a tile of the input's rows; ti = t - tj * n_i: of its columns), each
     staged transposed into a local tile -> the output rows of the tile (serial) -> their columns
     (parallel: the vector loop), which read the local tile along its rows (at i - i0, j - j0); the
-    store's last index the innermost counter."""
+    store's last index the innermost counter. The tiles of the input's rows start ``shift`` earlier,
+    ``min(sched.line_phase y[0, 0], hi_j)``, the first clipped at 0: ``j0 = max(tj * TJ - shift, 0)``,
+    ``j1 = min(tj * TJ + TJ - shift, hi_j)``, ``cdiv(hi_j + shift, TJ)`` of them."""
     from opgen.lower.tile_transposes import STAGED_TILE
     from opgen.passes import pipeline
 
@@ -1397,15 +1399,27 @@ def test_transposed_reads_walk_tiles(built):
     assert isinstance(t.parent_op(), s.KernelOp)
     assert [x.kind.data for x in (t, rows, cols)] == ["parallel", "serial", "parallel"]
     assert list(st.idx) == [rows.iv, cols.iv]
-    # the tiles: rows of the output from ti's, its columns (the input's rows) from tj's
+    # the tiles: rows of the output from ti's, its columns (the input's rows) from tj's, shifted
     i0, j0 = rows.lo, cols.lo
-    ti, tj = i0.owner.lhs.owner, j0.owner.lhs.owner
+    assert isinstance(j0.owner, ir.MaxOp) and ir.constant_int(j0.owner.rhs) == 0
+    back = j0.owner.lhs.owner
+    assert isinstance(back, ir.SubOp) and isinstance(back.lhs.owner, ir.MulOp)
+    shift = back.rhs.owner
+    (phase,) = [o for o in m.walk() if isinstance(o, s.LinePhaseOp)]
+    assert isinstance(shift, ir.MinOp) and shift.lhs is phase.result and shift.rhs is cols.hi.owner.rhs
+    assert phase.buf is st.buf and [ir.constant_int(v) for v in phase.idx] == [0, 0]
+    stop = cols.hi.owner  # min(tj * TJ + TJ - shift, hi_j)
+    assert isinstance(stop, ir.MinOp) and isinstance(stop.lhs.owner, ir.SubOp) and stop.lhs.owner.rhs is shift.result
+    assert stop.lhs.owner.lhs.owner.lhs is back.lhs
+    ti, tj = i0.owner.lhs.owner, back.lhs.owner.lhs.owner
     assert isinstance(tj, ir.DivOp) and tj.lhs is t.iv
     n_i = tj.rhs
     assert isinstance(ti, ir.SubOp) and ti.lhs is t.iv and ti.rhs.owner.lhs is tj.result and ti.rhs.owner.rhs is n_i
     n_j = t.hi.owner.lhs
     assert t.hi.owner.rhs is n_i and all(isinstance(n.owner, ir.DivOp) for n in (n_i, n_j))
-    assert [ir.constant_int(i0.owner.rhs), ir.constant_int(j0.owner.rhs)] == list(STAGED_TILE)
+    covered = n_j.owner.lhs.owner.lhs.owner  # (hi_j + shift) + TJ - 1
+    assert isinstance(covered, ir.AddOp) and covered.lhs is stop.rhs and covered.rhs is shift.result
+    assert [ir.constant_int(i0.owner.rhs), ir.constant_int(back.lhs.owner.rhs)] == list(STAGED_TILE)
     # staged at the head of each tile: x[j0, i0], (j1 - j0) x (i1 - i0), into a (TI, TJ) local tile
     assert tt.parent_op() is t and tt.src is m.body.block.first_op.body.block.args[0]
     assert list(tt.idx) == [j0, i0] and tt.rows.owner.rhs is j0 and tt.cols.owner.rhs is i0
@@ -1417,7 +1431,8 @@ def test_transposed_reads_walk_tiles(built):
     assert ps.parent_op() is rows and ps.buf is tt.src
     assert (ps.part.owner.lhs, ps.part.owner.rhs) == (rows.iv, i0) and ps.parts.owner.lhs is rows.hi
     nj0, ni0 = ps.idx
-    ntj, nti = nj0.owner.lhs.owner, ni0.owner.lhs.owner
+    ntj, nti = nj0.owner.lhs.owner.lhs.owner.lhs.owner, ni0.owner.lhs.owner
+    assert nj0.owner.lhs.owner.rhs is shift.result  # (the next tile shifted as this one)
     nxt = ntj.lhs.owner
     assert isinstance(nxt, ir.MinOp) and nxt.lhs.owner.lhs is t.iv and ir.constant_int(nxt.lhs.owner.rhs) == 1
     assert nxt.rhs.owner.lhs is t.hi and ntj.rhs is n_i and nti.lhs is nxt.result
@@ -1451,6 +1466,55 @@ def test_transposed_tiles_split_over_threads(built, rng, T, shape):
         gomp.omp_set_num_threads(before)
 
 
+def _placed(shape: tuple[int, ...], dtype: np.dtype, offset: int, row_pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """An output of ``shape`` placed ``offset`` bytes past a 64-byte line (rows ``row_pad``
+    elements longer than they hold) inside a buffer of 0xAB bytes with 256 guard bytes each side:
+    (the output view, the whole buffer)."""
+    item = np.dtype(dtype).itemsize
+    rows, cols = shape
+    nbytes = rows * (cols + row_pad) * item
+    raw = np.full(nbytes + 512 + 128, 0xAB, np.uint8)
+    start = (-raw.ctypes.data) % 64 + 256 + offset
+    whole = raw[start - 256:start + nbytes + 256]
+    out = raw[start:start + nbytes].view(dtype).reshape(rows, cols + row_pad)[:, :cols]
+    assert out.size == 0 or out.ctypes.data % 64 == offset
+    return out, whole
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape", [(37, 70), (3, 70), (300, 1030), (130, 1100), (0, 3), (5, 0)])
+@pytest.mark.parametrize("offset", [4, 16, 48])
+def test_transposed_tiles_cut_output_rows_at_its_lines(built, rng, T, shape, offset):
+    """An output that does not start a 64-byte line (``offset`` bytes past one, as numpy's and
+    malloc's large arrays are): tile-transposes shifts its tiles of the output's columns by the
+    output's place in its line (sched.line_phase; fewer columns than that place: (3, 70)). Every
+    element as numpy's with a team of 1 and of 2, rows a multiple of 64 bytes long or not
+    (padded by 3 elements), and not one byte written outside the output."""
+    gomp = ctypes.CDLL("libgomp.so.1")  # (the library's OpenMP runtime, already loaded)
+    x = rounded(rng.standard_normal(shape), T)
+    a = rounded(rng.standard_normal(shape[::-1]), T)
+    before = gomp.omp_get_max_threads()
+    try:
+        for threads, pad in ((1, 0), (2, 0), (2, 3)):
+            gomp.omp_set_num_threads(threads)
+            for name, kw, want in (("transpose_scale", {"x": x}, (f64(x) * 2).T),
+                                   ("add_transposed", {"a": a, "b": x},
+                                    f64(oracle.run(built["ops"]["add_transposed"], a=a, b=x)["y"]))):
+                y, whole = _placed(shape[::-1], x.dtype, offset, pad)
+                guard = np.concatenate([whole[:256], whole[-256:]]).copy()
+                if pad:
+                    gaps = [whole[256 + r * (shape[0] + pad) * y.itemsize + shape[0] * y.itemsize:][:pad * y.itemsize]
+                            .copy() for r in range(shape[1])]
+                runtime.call(name, lib=built["lib"], y=y, **kw)
+                assert np.array_equal(f64(y), want), (name, threads, pad)
+                assert np.array_equal(np.concatenate([whole[:256], whole[-256:]]), guard), (name, threads, pad)
+                if pad:
+                    assert all((whole[256 + r * (shape[0] + pad) * y.itemsize + shape[0] * y.itemsize:]
+                                [:pad * y.itemsize] == g).all() for r, g in enumerate(gaps)), (name, threads)
+    finally:
+        gomp.omp_set_num_threads(before)
+
+
 @pytest.mark.parametrize("name", ["transpose_scale", "token_sum"])
 def test_staged_tiles_and_l2_prefetches_print_and_parse_back(built, name):
     """The CPU pipeline's IR with ``sched.transpose_tile`` and ``sched.prefetch_share``
@@ -1463,7 +1527,8 @@ def test_staged_tiles_and_l2_prefetches_print_and_parse_back(built, name):
     m = built["ops"][name].module()
     pipeline.run(m, "cpu")
     text = str(m)
-    assert all(w in text for w in (("sched.transpose_tile ", "sched.prefetch_share ") if name == "transpose_scale"
+    assert all(w in text for w in (("sched.transpose_tile ", "sched.prefetch_share ", "sched.line_phase ")
+                                   if name == "transpose_scale"
                                    else (" l2 ",)))
     again = Parser(pipeline.context(), text).parse_module()
     again.verify()
@@ -1486,7 +1551,8 @@ def test_unstaged_transposed_reads_in_square_tiles(built, rng, shape):
     (ld,) = [o for o in m.walk() if isinstance(o, s.LoadOp)]
     rows, cols = ld.parent_op().parent_op(), ld.parent_op()
     assert list(ld.idx) == [cols.iv, rows.iv]
-    assert [ir.constant_int(v.owner.rhs) for v in (rows.lo, cols.lo)] == list(TILE)
+    tile_j = cols.lo.owner.lhs.owner.lhs.owner.rhs  # (max(tj * TJ - shift, 0): cut at y's lines too)
+    assert [ir.constant_int(rows.lo.owner.rhs), ir.constant_int(tile_j)] == list(TILE)
 
 
 # ---------------------------------------------------------------------- bool masks
@@ -1539,10 +1605,15 @@ for t in (np.float32, ml_dtypes.bfloat16):
     runtime.call("centre_tokens", lib=lib, x=rng.standard_normal((3, 37, 20)).astype(t))
     for shape in ((3, 37, 20), (2, 0, 5), (1, 70, 33)):
         runtime.call("token_sums", lib=lib, x=rng.standard_normal(shape).astype(t))
-    for shape in ((37, 70), (1, 5), (64, 96)):
+    for shape in ((37, 70), (1, 5), (64, 96), (3, 70)):
         x = rng.standard_normal(shape).astype(t)
         runtime.call("transpose_scale", lib=lib, x=x)
         runtime.call("add_transposed", lib=lib, a=np.ascontiguousarray(x.T), b=x)
+        for off in (4, 16):  # (an output off its lines: tiles cut at them)
+            raw = np.zeros(x.nbytes + 64 + off, np.uint8)
+            at = (-raw.ctypes.data) % 64 + off
+            y = raw[at:at + x.nbytes].view(t).reshape(shape[::-1])
+            runtime.call("transpose_scale", lib=lib, x=x, y=y)
 print("done")
 """
 
@@ -1550,7 +1621,7 @@ print("done")
 def test_column_sums_and_masks_clean_under_asan_and_ubsan(tmp_path_factory):
     """BatchNorm's column sums (chunk partials; no rows, one row, rows not a multiple of 32), sums
     over a middle axis, the dropout mask's strips, contiguous and strided, and transposed reads
-    in tiles (edge tiles) under ASan/UBSan."""
+    in tiles (edge tiles; outputs off their lines) under ASan/UBSan."""
     from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
     with built_ops(tmp_path_factory.mktemp("colsums"), "opgen_test_colsums",

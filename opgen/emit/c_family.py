@@ -420,6 +420,9 @@ class CPrinter:
             return f"opgen_seg_start({', '.join(args)})"
         if isinstance(op, s.FlagsPerElemOp):
             return "8ll" if self.dtype(s.buf_type(op.buf).dtype) == dtypes.U8 else "1ll"
+        if isinstance(op, s.LinePhaseOp):
+            size = self.dtype(s.buf_type(op.buf).dtype).itemsize
+            return f"(int64_t)(((uintptr_t)&{self.elem_ref(op.buf, list(op.idx))} & 63) / {size})"
         if type(op) in self.UNARY_F:
             return f"{self.fmath(self.UNARY_F[type(op)], rt)}({args[0]})"
         if isinstance(op, ir.RsqrtOp):

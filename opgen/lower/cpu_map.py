@@ -550,7 +550,7 @@ def nontemporal_outputs(k: s.KernelOp) -> dict[SSAValue, list[s.StoreOp]]:
         stores: list[s.StoreOp] = []
         for use in buf.uses:
             o, loop = use.operation, use.operation.parent_op()
-            if isinstance(o, s.PrefetchOp):
+            if isinstance(o, s.PrefetchOp | s.LinePhaseOp):  # (neither reads an element)
                 continue
             if not (isinstance(o, s.StoreOp) and o.buf is buf and isinstance(loop, s.ForOp)
                     and _along_row(loop, list(o.idx))

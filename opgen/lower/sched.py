@@ -638,6 +638,32 @@ class FlagsPerElemOp(IRDLOperation):
 
 
 @irdl_op_definition
+class LinePhaseOp(IRDLOperation):
+    """Where ``buf[idx...]`` falls in its 64-byte cache line, in elements of the instance's dtype:
+    its address modulo 64, over the element's size (0 for an element that starts a line). A
+    caller's buffer sits where the caller put it (numpy's large arrays 16 bytes past a page), so
+    a pass that cuts a row of it into segments written at different times (tile-transposes)
+    shifts the cuts onto line boundaries with it: a line that two segments share is read for
+    ownership and written twice. Only a schedule depends on it, never a value."""
+
+    name = "sched.line_phase"
+    buf = operand_def(BufType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
+    result = result_def(TensorType)
+    traits = traits_def(Pure())  # (the buffer's address is fixed for a call)
+    assembly_format = "$buf `[` $idx `]` attr-dict `:` type($buf) `->` type($result)"
+
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue]):
+        super().__init__(operands=[buf, idx], result_types=[INDEX])
+
+    def verify_(self) -> None:
+        _check_indices(self, self.buf, self.idx)
+        if buf_type(self.buf).role.data not in ("in", "out"):
+            raise VerifyException("sched.line_phase: the element of a caller's buffer")
+        _scalar(self, self.result, "i64", "the result")
+
+
+@irdl_op_definition
 class StoreOp(IRDLOperation):
     """``buf[idx...] = value`` (rounded to the buffer's dtype)."""
 
@@ -970,5 +996,5 @@ def counter_axes(loop: ForOp, bufs: set[SSAValue], counter: SSAValue | None = No
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, LoadFnOp, YieldOp, PrefetchOp, PrefetchShareOp,
                           LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp, SegmentStartOp, RequireOp,
-                          BufferMatmulOp, PackOp, TransposeTileOp, BarrierOp, SegWordsOp],
+                          BufferMatmulOp, PackOp, TransposeTileOp, BarrierOp, SegWordsOp, LinePhaseOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])
