@@ -98,8 +98,8 @@ def softmax_moments(x: Tensor[T, N, D], *, y: Output[T, N, D], mx: Output[f32, N
 '''
 
 EPS = 1e-5
-#: row lengths around the CPU's lanes (16 f32, 32 bf16) and a longer row
-LENGTHS = (1, 15, 16, 17, 33, 100)
+#: row lengths around the CPU's lanes (16 f32, 32 bf16; a row max's 64 and 128) and longer rows
+LENGTHS = (1, 15, 16, 17, 33, 100, 129, 300)
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +311,56 @@ def test_the_same_bits_as_each_reduction_in_its_own_nest(built, unfused, rng):
                     assert got[k].tobytes() == v.tobytes(), (name, T, threads, k)
 
 
+def test_row_maxima_run_four_vectors_of_lanes(built):
+    """A row's max pass (softmax's, cross-entropy's) splits into EXTREMA_CHAINS times the lanes of
+    a sum (cpu_map.lanes: 64 f32, 128 where it reads bf16: four vectors, four chains side by
+    side), its sums keep 16 and 32; the lanes start from the accumulator (a sum's lane 0 only)."""
+    import re
+
+    from opgen.emit import cpu
+    from opgen.lower.cpu_map import EXTREMA_CHAINS, LANES, lanes
+
+    assert lanes([4], ["max"]) == lanes([4], ["min"]) == EXTREMA_CHAINS * LANES
+    assert lanes([2, 4], ["max"]) == 2 * EXTREMA_CHAINS * LANES
+    assert lanes([4], ["max", "sum"]) == lanes([4]) == LANES and lanes([2], ["sum"]) == 2 * LANES
+    for name in ("softmax_rows", "ce_grad"):
+        text = cpu.op_source(built["ops"][name])  # type: ignore[index]
+        for T, factor in (("f32", 1), ("bf16", 2)):
+            body = text[text.index(f"k_{name}_{T}_u("):]
+            body = body[:body.index("return OPGEN_SUCCESS")]
+            decl = dict(re.findall(r"float (lane\d+)\[(\d+)\];", body))
+            inits = dict(re.findall(r"(lane\d+)\[l\] = (l \? 0 : )?", body))
+            maxima = {n for n, z in inits.items() if not z}
+            sums = {n for n, z in inits.items() if z}
+            assert maxima and sums, (name, T)
+            assert {int(decl[n]) for n in maxima} == {factor * EXTREMA_CHAINS * LANES}, (name, T)
+            assert {int(decl[n]) for n in sums} == {factor * LANES}, (name, T)
+
+
+def test_row_maxima_of_signed_zeros_nans_and_ties(built, rng):
+    """Rows whose maximum is a tie of +0 and -0, a NaN in any lane (of the four vectors or the
+    tail), or the last element: softmax and cross-entropy backward against PyTorch float64."""
+    for T in ("f32", "bf16"):
+        d = 2 * 128 + 37
+        x = rounded(rng.standard_normal((8, d)) - 5, T)
+        x[0] = -1.0
+        x[0, ::3] = 0.0
+        x[0, 1::3] = -0.0
+        for r, c in ((1, 5), (2, 70), (3, 140), (4, d - 1)):
+            x[r, c] = np.nan
+        x[5, -1] = 40.0
+        x[6, 63] = x[6, 64] = 7.0
+        got = runtime.call("softmax_rows", lib=built["lib"], x=x)["y"]
+        ref, same = _softmax_refs(x, T)
+        assert_close_policy(got, ref, same, T, f"softmax {T}")
+        tg = rng.integers(0, d, 8)
+        got = runtime.call("ce_grad", lib=built["lib"], grad_loss=np.array(1.0, np.float32), logits=x,
+                           target=tg)["dlogits"]
+        onehot = torch.nn.functional.one_hot(torch.from_numpy(tg), d)
+        ref, same = ((s_ - onehot) / 8 for s_ in _softmax_refs(x, T))
+        assert_close_policy(got, ref, same.to(tt(x, T).dtype), T, f"cross-entropy backward {T}")
+
+
 SANITIZED = """
 import sys, numpy as np, ml_dtypes
 from opgen import runtime
@@ -318,7 +368,7 @@ lib = runtime.load(sys.argv[1])
 rng = np.random.default_rng(0)
 for dt in (np.float32, ml_dtypes.bfloat16):
     for n in (0, 1, 7, 33):
-        for d in (1, 15, 16, 17, 33, 100):
+        for d in (1, 15, 16, 17, 33, 100, 129):
             x = rng.standard_normal((n, 2 * d)).astype(dt)
             w = rng.standard_normal(d).astype(dt)
             runtime.call("softmax_rows", lib=lib, x=x[:, ::2])

@@ -842,7 +842,7 @@ class CPrinter:
         elements it reads), combined pairwise in a fixed order; in a ``pairs`` loop
         (:func:`~opgen.lower.cpu_map.paired`) the whole strips' firsts in the first half of the
         lanes and their seconds in the second."""
-        n_lanes = lanes(loaded_bytes(op, self.binding))
+        n_lanes = lanes(loaded_bytes(op, self.binding), [a.kind.data for a in accs])
         pairs = paired(op, self.binding)  # (a bf16 load: 32 lanes)
         self.line("{")
         self.depth += 1
@@ -862,7 +862,9 @@ class CPrinter:
             if main:
                 self.line(f"for (; {base} + {n_lanes} <= {hi}; {base} += {n_lanes}) {{")
                 self.depth += 1
-                self.strip_hints(op, hints, base, iv)
+                line = lanes(loaded_bytes(op, self.binding))  # (a strip of extrema: several lines, each hinted)
+                for c in range(0, n_lanes, line):
+                    self.strip_hints(op, hints, f"{base} + {c}" if c else base, iv)
                 self.simd_hook()
                 self.depth -= 1
                 self.line(f"    for (int l = 0; l < {n_lanes // 2 if pairs else n_lanes}; l++) {{")

@@ -70,6 +70,7 @@ decisions; the printer (opgen/emit/cpu.py, opgen/emit/c_family.py) follows them.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, IntAttr, IntegerAttr, ModuleOp, UnitAttr
@@ -89,6 +90,9 @@ MAPPING = "cpu_mapping"
 #: takes iterations l, l + LANES, ...; combined pairwise 8-4-2-1): the C printer and
 #: lower-to-std print the same split
 LANES = 16
+#: times as many lanes for a reduction whose accumulations are all maxima or minima
+#: (:func:`lanes`)
+EXTREMA_CHAINS = 4
 #: bytes per strip of a ``stream`` loop: one cache line
 LINE = 64
 #: strips of one f32 vector a slow ``stream`` loop runs side by side (:func:`copies`), in its
@@ -141,14 +145,22 @@ def lane_split(op: s.ForOp) -> list[s.AccumOp]:
     return []
 
 
-def lanes(elem_bytes: list[int]) -> int:
-    """Lanes of a ``lanes`` reduction whose loads read elements of these sizes (in bytes):
-    ``LANES``, one 64-byte vector of f32, or twice that where an element of 2 bytes (bf16,
-    f16) is read. GCC sizes a loop's vectors by its narrowest element: 16 lanes of bf16 fill
-    32 bytes, so the f32 arithmetic ran in 32-byte vectors too, half the width (LayerNorm
-    backward's row sums in bf16). Lane ``l`` takes iterations ``l``, ``l + lanes``, ...; the
-    lanes combine pairwise (``lanes / 2``, ..., 1): a fixed order per kernel instance."""
-    return 2 * LANES if elem_bytes and min(elem_bytes) <= 2 else LANES
+def lanes(elem_bytes: list[int], kinds: Sequence[str] = ()) -> int:
+    """Lanes of a ``lanes`` reduction whose loads read elements of these sizes (in bytes) and
+    whose accumulations are of these ``kinds`` (sum, max, min): ``LANES``, one 64-byte vector of
+    f32, or twice that where an element of 2 bytes (bf16, f16) is read. GCC sizes a loop's
+    vectors by its narrowest element: 16 lanes of bf16 fill 32 bytes, so the f32 arithmetic ran
+    in 32-byte vectors too, half the width (LayerNorm backward's row sums in bf16). Lane ``l``
+    takes iterations ``l``, ``l + lanes``, ...; the lanes combine pairwise (``lanes / 2``, ...,
+    1): a fixed order per kernel instance. Where every accumulation is a maximum or a minimum,
+    ``EXTREMA_CHAINS`` times as many: a vector of lanes is one chain of dependent instructions
+    a strip (a compare, a compare of the value with itself, a blend: 7-8 cycles on the Zen 5
+    VM), so one vector held a row's max pass to a strip per chain's latency (a third of
+    cross-entropy backward's time at 4096x32000 f32); four vectors run four chains side by side.
+    The maximum's value does not depend on the split (a sum's bits would), only which NaN or
+    which signed zero wins a tie."""
+    base = 2 * LANES if elem_bytes and min(elem_bytes) <= 2 else LANES
+    return base * EXTREMA_CHAINS if kinds and all(k in ("max", "min") for k in kinds) else base
 
 
 def loaded_bytes(op: s.ForOp, binding: dict[str, DType]) -> list[int]:

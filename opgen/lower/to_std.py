@@ -317,7 +317,7 @@ class _Kernel(Scalars):
         loop, iteration ``base + l`` in lane ``l / 2``, or ``l / 2 + lanes / 2`` for odd ``l``), then
         the tail; the lanes combined pairwise (``l += l + width`` for width lanes / 2, ..., 2, 1)."""
         accs = s.scalar_accums(op)
-        n_lanes = lanes(loaded_bytes(op, self.binding))
+        n_lanes = lanes(loaded_bytes(op, self.binding), [a.kind.data for a in accs])
         lane_bufs: dict[SSAValue, SSAValue] = {}
         for a in accs:
             b = s.buf_type(a.buf)
