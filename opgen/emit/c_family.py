@@ -21,7 +21,18 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import PAIR, ZERO_FILL, copies, cpu_mapping, lanes, loaded_bytes, paired, strip, zero_fill_loop
+from opgen.lower.cpu_map import (
+    LINE,
+    PAIR,
+    ZERO_FILL,
+    copies,
+    cpu_mapping,
+    lanes,
+    loaded_bytes,
+    paired,
+    strip,
+    zero_fill_loop,
+)
 from opgen.lower.sched import CpuMapping
 
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
@@ -422,7 +433,7 @@ class CPrinter:
             return "8ll" if self.dtype(s.buf_type(op.buf).dtype) == dtypes.U8 else "1ll"
         if isinstance(op, s.LinePhaseOp):
             size = self.dtype(s.buf_type(op.buf).dtype).itemsize
-            return f"(int64_t)(((uintptr_t)&{self.elem_ref(op.buf, list(op.idx))} & 63) / {size})"
+            return f"(int64_t)(((uintptr_t)&{self.elem_ref(op.buf, list(op.idx))} & {LINE - 1}) / {size})"
         if type(op) in self.UNARY_F:
             return f"{self.fmath(self.UNARY_F[type(op)], rt)}({args[0]})"
         if isinstance(op, ir.RsqrtOp):
@@ -842,7 +853,9 @@ class CPrinter:
         elements it reads), combined pairwise in a fixed order; in a ``pairs`` loop
         (:func:`~opgen.lower.cpu_map.paired`) the whole strips' firsts in the first half of the
         lanes and their seconds in the second."""
-        n_lanes = lanes(loaded_bytes(op, self.binding), [a.kind.data for a in accs])
+        elem_bytes = loaded_bytes(op, self.binding)
+        n_lanes = lanes(elem_bytes, [a.kind.data for a in accs])
+        per_line = lanes(elem_bytes)  # (a strip of extrema spans several of these: each hinted)
         pairs = paired(op, self.binding)  # (a bf16 load: 32 lanes)
         self.line("{")
         self.depth += 1
@@ -862,8 +875,7 @@ class CPrinter:
             if main:
                 self.line(f"for (; {base} + {n_lanes} <= {hi}; {base} += {n_lanes}) {{")
                 self.depth += 1
-                line = lanes(loaded_bytes(op, self.binding))  # (a strip of extrema: several lines, each hinted)
-                for c in range(0, n_lanes, line):
+                for c in range(0, n_lanes, per_line):
                     self.strip_hints(op, hints, f"{base} + {c}" if c else base, iv)
                 self.simd_hook()
                 self.depth -= 1

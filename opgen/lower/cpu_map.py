@@ -93,7 +93,7 @@ LANES = 16
 #: times as many lanes for a reduction whose accumulations are all maxima or minima
 #: (:func:`lanes`)
 EXTREMA_CHAINS = 4
-#: bytes per strip of a ``stream`` loop: one cache line
+#: bytes of a cache line: a ``stream`` loop's strip (and where tile-transposes cuts an output's rows)
 LINE = 64
 #: strips of one f32 vector a slow ``stream`` loop runs side by side (:func:`copies`), in its
 #: ``copies`` attribute

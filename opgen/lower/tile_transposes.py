@@ -73,6 +73,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.cpu_map import LINE  # (a cache line's bytes: the tiles of j are cut at y's lines)
 
 #: (TI, TJ) of a nest without staged loads: a 64-byte line of 16 f32 read from each of 16 rows of
 #: ``x``, a line written to each of 16 of ``y`` (8192x4096, 2 threads, the Zen 5 VM: f32 9.6 ms,
@@ -84,10 +85,6 @@ TILE = (16, 16)
 #: process, ms: 512 x 32 10.1 / 9.5, 512 x 128 9.6 / 7.6, 1024 x 64 9.5 / 7.5, 1024 x 128
 #: 10.1 / 7.6; x of 16384 x 1000 (rows of 2000 bytes) 5.4 / 4.1, 5.1 / 4.3, 5.1 / 5.1, 5.3 / 4.4)
 STAGED_TILE = (512, 128)
-
-#: bytes of a cache line: the tiles of ``j`` are cut at the first output's lines where they are
-#: at least this wide (:func:`_line_shift`)
-LINE = 64
 
 #: the dtypes whose tiles are staged transposed (sched.transpose_tile: the CPU runtime's
 #: opgen_<dtype>_transpose_tile, 16x16 in registers with AVX-512)
@@ -225,9 +222,8 @@ def _line_shift(k: s.KernelOp, p: s.ForOp, q: s.ForOp, tj_size: int, where: Inse
     element ``[..., 0, 0]`` (``sched.line_phase``), inserted at ``where``; None where the tiles
     are narrower than a line of its smallest dtype or its store is not ``[..., i, j]``."""
     st = next(o for o in q.body.block.ops if isinstance(o, s.StoreOp))
-    names = k.param_names
     idx = list(st.idx)
-    if st.buf not in names or s.buf_type(st.buf).role.data != "out" or len(idx) < 2 or idx[-2] is not p.iv \
+    if s.buf_type(st.buf).role.data != "out" or len(idx) < 2 or idx[-2] is not p.iv \
             or not all(s.defined_outside(p, v) for v in idx[:-2]):
         return None
     if any(tj_size * d.itemsize < LINE for d in k.dtype_options(s.buf_type(st.buf).dtype)):
