@@ -1423,7 +1423,7 @@ def test_transposed_reads_walk_tiles(built):
     # staged at the head of each tile: x[j0, i0], (j1 - j0) x (i1 - i0), into a (TI, TJ) local tile
     assert tt.parent_op() is t and tt.src is m.body.block.first_op.body.block.args[0]
     assert list(tt.idx) == [j0, i0] and tt.rows.owner.rhs is j0 and tt.cols.owner.rhs is i0
-    assert s.buf_type(tt.dst).role.data == "local" and list(s.buf_type(tt.dst).shape) == [str(n) for n in STAGED_TILE]
+    assert s.buf_type(tt.dst).role.data == "stage" and list(s.buf_type(tt.dst).shape) == [str(n) for n in STAGED_TILE]
     assert ld.buf is tt.dst and [(v.owner.lhs, v.owner.rhs) for v in ld.idx] == [(rows.iv, i0), (cols.iv, j0)]
     # the next tile (t + 1, the last tile's own) into L2 while the rows are written: share i - i0 of
     # i1 - i0 a row, at the head of the row loop
@@ -1533,6 +1533,31 @@ def test_staged_tiles_and_l2_prefetches_print_and_parse_back(built, name):
     again = Parser(pipeline.context(), text).parse_module()
     again.verify()
     assert str(again) == text
+
+
+def test_bf16_tiles_are_staged_as_their_16_bits(built):
+    """tile-transposes' tiles are ``stage`` buffers (printed as ``!sched.buf<..., stage>``): the bf16
+    instances hold the tile's 16-bit words as the caller's tensor holds them
+    (``opgen_bits16_transpose_tile``, each load from the tile widened by ``opgen_bf16_to_f32``:
+    half the bytes of an f32 tile), the f32 and f16 instances f32 values (``opgen_<dtype>_
+    transpose_tile`` widening as it transposes; the tile read as it is)."""
+    import re
+
+    from opgen.emit import cpu
+    from opgen.passes import pipeline
+
+    m = built["ops"]["transpose_scale"].module()
+    pipeline.run(m, "cpu")
+    assert re.search(r"!sched.buf<\[512, 128\], T, stage>", str(m))
+    text = cpu.op_source(built["ops"]["transpose_scale"])
+    for dt, held, fn in (("bf16", "uint16_t", "bits16"), ("f32", "float", "f32"), ("f16", "float", "f16")):
+        for flavour in ("u", "g"):
+            start = text.index(f"static opgen_status_t k_transpose_scale_{dt}_{flavour}(")
+            body = text[start:text.index("\n}\n", start)]
+            (tile,) = re.findall(rf"{held} \*restrict (l\d+) = l\d+_base", body)
+            assert f"opgen_{fn}_transpose_tile({tile}, 128ll, " in body, (dt, flavour)
+            reads = re.findall(rf"= (.*){tile}\[", body)
+            assert reads and all(r == ("opgen_bf16_to_f32(" if dt == "bf16" else "") for r in reads), (dt, reads)
 
 
 @pytest.mark.parametrize("shape", [(37, 70), (16, 16), (0, 3)])

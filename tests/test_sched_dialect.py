@@ -113,11 +113,12 @@ def test_verifiers():
     rejects(s.PrefetchOp(buf(["N"], "f32"), [i], -1), r"sched.prefetch: ahead must be a number of bytes, 0 or more")
     rejects(s.PrefetchOp(buf(["N"], "f32"), [i], 0, span=f), r"span")
     rejects(s.PrefetchOp(buf(["N"], "f32"), [i], 64, write=True, l2=True), r"sched.prefetch: a prefetch for writing")
-    tile = buf(["16", "16"], "f32", "local")
+    tile = buf(["16", "16"], "f32", "stage")
     rejects(s.TransposeTileOp(buf(["N"], "f32"), [i], tile, n, n), r"sched.transpose_tile: a tile of a rank >= 2")
     rejects(s.TransposeTileOp(buf(["N", "D"], "bf16"), [i, i], tile, n, n), r"sched.transpose_tile: dtype f32 holds")
-    rejects(s.TransposeTileOp(buf(["N", "D"], "f32"), [i, i], buf(["16", "16"], "f32", "temp"), n, n),
-            r"into a 2-D local buffer")
+    for role in ("temp", "local"):  # (a staged tile is a stage buffer: held as the caller holds bf16)
+        rejects(s.TransposeTileOp(buf(["N", "D"], "f32"), [i, i], buf(["16", "16"], "f32", role), n, n),
+                r"into a 2-D stage buffer")
     rows = buf(["N"], "i64", "temp")
     rejects(s.SegmentsOp(buf(["N"], "i32", "temp"), buf(["segs(V,N)"], "i64", "temp"), rows, i),
             r"sched.segments: idx must be a 1-D i64 buffer")

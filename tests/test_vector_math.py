@@ -154,9 +154,11 @@ def _transpose_builds() -> list[tuple[str, tuple[str, ...], int]]:
 def test_staged_tile_transposes_are_the_definition(tmp_path: Path, name: str, extra: tuple[str, ...],
                                                    path: int) -> None:
     """opgen_<dtype>_transpose_tile (sched.transpose_tile) writes d[c * ld + r] = the widened
-    s[r * rs + c * cs] bit for bit, f32, bf16 and f16 of random bits, rows and columns around the
-    in-register blocks' edges (16 x 16; 16 x 32 for bf16 with AVX512-BW), nothing outside the tile,
-    on every block path this machine runs (tests/c/transpose_tile_check.c)."""
+    s[r * rs + c * cs] bit for bit, f32, bf16 and f16 of random bits, and
+    opgen_bits16_transpose_tile (into a stage tile that holds bf16 as stored) the words as they
+    are, rows and columns around the in-register blocks' edges (16 x 16; 16 x 32 for bf16 and the
+    words with AVX512-BW), nothing outside the tile, on every block path this machine runs
+    (tests/c/transpose_tile_check.c)."""
     checked, bad, block_path = _run_check("transpose_tile_check", tmp_path, name, extra)
     assert int(checked) > 1_000_000 and int(bad) == 0
     assert int(block_path) == path

@@ -772,13 +772,11 @@ __attribute__((target("avx512f"))) static inline void opgen_tr16x16(__m512i r[16
 #define OPGEN_TR_BLOCK_f32(d, s) OPGEN_TR16_BLOCK(f32, d, s)
 #define OPGEN_TR_BLOCK_f16(d, s) OPGEN_TR16_BLOCK(f16, d, s)
 #if defined(__AVX512BW__)
-/* bf16: 16 rows of 32 columns (a 64-byte line each) transposed as 16-bit words and widened by the
- * last shuffle: 16-bit then 32-bit unpacks turn each 4 rows into lanes of 2 columns x 4 rows, a
- * 4 x 4 transpose of 128-bit lanes gathers the 16 rows of 2 columns into one register, and
- * unpacking it with zeros puts each word in the high half of a 32-bit lane (an f32). 96 shuffles
- * for 512 elements against 64 shuffles, 16 widening loads and 16 shifts for 256 (a 128 x 512 tile
- * in L1/L2, one thread, the Zen 5 VM: 0.131 -> 0.089 ns an element). */
-static inline void opgen_bf16_tr16x32(float *d, int64_t ld, const uint16_t *s, int64_t rs) {
+/* 16 rows of 32 sixteen-bit columns (a 64-byte line each) transposed as words: 16-bit then 32-bit
+ * unpacks turn each 4 rows into lanes of 2 columns x 4 rows, and a 4 x 4 transpose of 128-bit
+ * lanes gathers the 16 rows of 2 columns into one register: x[4 q + m] holds, in its 128-bit lane
+ * g, rows 4g..4g+3 of column 8m + 2q (words 0-3) and of column 8m + 2q + 1 (words 4-7). */
+static inline void opgen_w16_tr16x32(const uint16_t *s, int64_t rs, __m512i x[16]) {
     __m512i r[16], u[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(s + i * rs));
     for (int g = 0; g < 4; g++) { /* rows 4g..4g+3; lane m of u[4g + q]: columns 8m + 2q and 8m + 2q + 1 */
@@ -789,23 +787,52 @@ static inline void opgen_bf16_tr16x32(float *d, int64_t ld, const uint16_t *s, i
         u[4 * g + 2] = _mm512_unpacklo_epi32(hi0, hi1);
         u[4 * g + 3] = _mm512_unpackhi_epi32(hi0, hi1);
     }
-    const __m512i z = _mm512_setzero_si512();
-    for (int q = 0; q < 4; q++) { /* x[m], lane g: rows 4g..4g+3 of columns 8m + 2q and 8m + 2q + 1 */
+    for (int q = 0; q < 4; q++) {
         const __m512i a = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44), b = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xee);
         const __m512i c = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44), e = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xee);
-        const __m512i x[4] = {_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(a, c, 0xdd),
-                              _mm512_shuffle_i32x4(b, e, 0x88), _mm512_shuffle_i32x4(b, e, 0xdd)};
-        for (int m = 0; m < 4; m++) {
-            _mm512_storeu_si512((void *)(d + (8 * m + 2 * q) * ld), _mm512_unpacklo_epi16(z, x[m]));
-            _mm512_storeu_si512((void *)(d + (8 * m + 2 * q + 1) * ld), _mm512_unpackhi_epi16(z, x[m]));
-        }
+        x[4 * q + 0] = _mm512_shuffle_i32x4(a, c, 0x88);
+        x[4 * q + 1] = _mm512_shuffle_i32x4(a, c, 0xdd);
+        x[4 * q + 2] = _mm512_shuffle_i32x4(b, e, 0x88);
+        x[4 * q + 3] = _mm512_shuffle_i32x4(b, e, 0xdd);
     }
 }
+/* bf16 widened by the last shuffle: unpacking x with zeros puts each word in the high half of a
+ * 32-bit lane (an f32). 96 shuffles for 512 elements against 64 shuffles, 16 widening loads and
+ * 16 shifts for 256 (a 128 x 512 tile in L1/L2, one thread, the Zen 5 VM: 0.131 -> 0.089 ns an
+ * element). */
+static inline void opgen_bf16_tr16x32(float *d, int64_t ld, const uint16_t *s, int64_t rs) {
+    __m512i x[16];
+    opgen_w16_tr16x32(s, rs, x);
+    const __m512i z = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++)
+        for (int m = 0; m < 4; m++) {
+            _mm512_storeu_si512((void *)(d + (8 * m + 2 * q) * ld), _mm512_unpacklo_epi16(z, x[4 * q + m]));
+            _mm512_storeu_si512((void *)(d + (8 * m + 2 * q + 1) * ld), _mm512_unpackhi_epi16(z, x[4 * q + m]));
+        }
+}
+/* The words as they are (opgen_bits16_transpose_tile): one vpermw puts a register's first column
+ * in its low 256 bits and its second in the high ones, a 32-byte store each. */
+static inline void opgen_bits16_tr16x32(uint16_t *d, int64_t ld, const uint16_t *s, int64_t rs) {
+    __m512i x[16];
+    opgen_w16_tr16x32(s, rs, x);
+    const __m512i cols = _mm512_set_epi16(31, 30, 29, 28, 23, 22, 21, 20, 15, 14, 13, 12, 7, 6, 5, 4,
+                                          27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
+    for (int q = 0; q < 4; q++)
+        for (int m = 0; m < 4; m++) {
+            const __m512i w = _mm512_permutexvar_epi16(cols, x[4 * q + m]);
+            _mm256_storeu_si256((__m256i *)(void *)(d + (8 * m + 2 * q) * ld), _mm512_castsi512_si256(w));
+            _mm256_storeu_si256((__m256i *)(void *)(d + (8 * m + 2 * q + 1) * ld), _mm512_extracti64x4_epi64(w, 1));
+        }
+}
+#define OPGEN_TR_COLS_bits16 32
+#define OPGEN_TR_BLOCK_bits16(d, s) opgen_bits16_tr16x32(d, ld, s, rs)
 #define OPGEN_TR_COLS_bf16 32
 #define OPGEN_TR_BLOCK_bf16(d, s) opgen_bf16_tr16x32(d, ld, s, rs)
-#else /* (AVX-512 without BW: bf16 widened as it loads, like f16) */
+#else /* (AVX-512 without BW: bf16 widened as it loads, like f16; 16-bit words one by one) */
 #define OPGEN_TR_COLS_bf16 16
 #define OPGEN_TR_BLOCK_bf16(d, s) OPGEN_TR16_BLOCK(bf16, d, s)
+#define OPGEN_TR_COLS_bits16 0
+#define OPGEN_TR_BLOCK_bits16(d, s) (void)0
 #endif
 #else
 #define OPGEN_TR16 0
@@ -815,6 +842,8 @@ static inline void opgen_bf16_tr16x32(float *d, int64_t ld, const uint16_t *s, i
 #define OPGEN_TR_BLOCK_f32(d, s) (void)0
 #define OPGEN_TR_BLOCK_f16(d, s) (void)0
 #define OPGEN_TR_BLOCK_bf16(d, s) (void)0
+#define OPGEN_TR_COLS_bits16 0
+#define OPGEN_TR_BLOCK_bits16(d, s) (void)0
 #endif
 /* Share part of parts (equal shares, in order) of the 64-byte lines of a block of rows rows of
  * row_bytes bytes each, row_stride bytes apart, from p, prefetched into L2: sched.prefetch_share,
@@ -839,26 +868,34 @@ static inline void opgen_prefetch_share(const void *p, int64_t row_stride, int64
         if (++c == per_row) c = 0, r++;
     }
 }
-#define OPGEN_TRANSPOSE_TILE(dt, T, widen)                                                                    \
-    static inline void opgen_##dt##_transpose_tile(float *d, int64_t ld, const T *s, int64_t rs, int64_t cs, \
-                                                    int64_t rows, int64_t cols) {                             \
-        const int64_t w = OPGEN_TR_COLS_##dt; /* (a block's columns) */                                      \
-        int64_t r0 = 0;                                                                                       \
-        if (OPGEN_TR16 && cs == 1)                                                                            \
-            for (; r0 + 16 <= rows; r0 += 16)                                                                 \
-                for (int64_t c0 = 0; c0 + w <= cols; c0 += w) {                                              \
-                    if (r0 + 32 <= rows)                                                                      \
-                        for (int p_ = 16; p_ < 32; p_++) OPGEN_PREFETCH_L2(s, (r0 + p_) * rs + c0, 0);        \
-                    OPGEN_TR_BLOCK_##dt(d + c0 * ld + r0, s + r0 * rs + c0);                                  \
-                }                                                                                             \
-        const int64_t c1 = OPGEN_TR16 && cs == 1 ? cols - cols % w : 0;                                       \
-        for (int64_t r = 0; r < rows; r++)                                                                    \
-            for (int64_t c = r < r0 ? c1 : 0; c < cols; c++) d[c * ld + r] = widen(s[r * rs + c * cs]);     \
+/* d[c * ld + r] = widen(s[r * rs + c * cs]) for r < rows, c < cols: in-register blocks of 16 rows
+ * by OPGEN_TR_COLS_<dt> columns where the columns are unit-stride (0: none), element by element
+ * around them */
+#define OPGEN_TRANSPOSE_TILE(dt, D, T, widen)                                                               \
+    static inline void opgen_##dt##_transpose_tile(D *d, int64_t ld, const T *s, int64_t rs, int64_t cs,    \
+                                                    int64_t rows, int64_t cols) {                           \
+        const int64_t w = OPGEN_TR_COLS_##dt > 0 ? OPGEN_TR_COLS_##dt : 1; /* (a block's columns) */       \
+        const int vec = OPGEN_TR16 && OPGEN_TR_COLS_##dt > 0 && cs == 1;                                    \
+        int64_t r0 = 0;                                                                                     \
+        if (vec)                                                                                            \
+            for (; r0 + 16 <= rows; r0 += 16)                                                               \
+                for (int64_t c0 = 0; c0 + w <= cols; c0 += w) {                                            \
+                    if (r0 + 32 <= rows)                                                                    \
+                        for (int p_ = 16; p_ < 32; p_++) OPGEN_PREFETCH_L2(s, (r0 + p_) * rs + c0, 0);      \
+                    OPGEN_TR_BLOCK_##dt(d + c0 * ld + r0, s + r0 * rs + c0);                                \
+                }                                                                                           \
+        const int64_t c1 = vec ? cols - cols % w : 0;                                                       \
+        for (int64_t r = 0; r < rows; r++)                                                                  \
+            for (int64_t c = r < r0 ? c1 : 0; c < cols; c++) d[c * ld + r] = widen(s[r * rs + c * cs]);   \
     }
-#define OPGEN_AS_F32(x) (x)
-OPGEN_TRANSPOSE_TILE(f32, float, OPGEN_AS_F32)
-OPGEN_TRANSPOSE_TILE(bf16, uint16_t, opgen_bf16_to_f32)
-OPGEN_TRANSPOSE_TILE(f16, uint16_t, opgen_f16_to_f32)
+#define OPGEN_AS_IS(x) (x)
+OPGEN_TRANSPOSE_TILE(f32, float, float, OPGEN_AS_IS)
+OPGEN_TRANSPOSE_TILE(bf16, float, uint16_t, opgen_bf16_to_f32)
+OPGEN_TRANSPOSE_TILE(f16, float, uint16_t, opgen_f16_to_f32)
+/* sched.transpose_tile into a `stage` tile of bf16 (sched.STAGE_HELD): the 16-bit words moved as
+ * they are, the loads reading the tile widening them (8192x4096 y = 2 x^T bf16, 2 threads, the
+ * Zen 5 VM: a 512 x 128 tile of 128 KiB instead of 256 KiB of f32; docs/backend_cpu.md) */
+OPGEN_TRANSPOSE_TILE(bits16, uint16_t, uint16_t, OPGEN_AS_IS)
 /* float -> integer: truncation toward zero; NaN or out of range gives the type's minimum
  * (for signed types, so it fails any index range check) or maximum (unsigned). */
 #define OPGEN_F2I(T, x, lo, hi, bad) \

@@ -233,10 +233,11 @@ class CPrinter:
 
     def storage_ctype(self, b: s.BufType) -> str:
         """C type of a buffer's elements: a caller's tensor in its dtype (bool flags as uint8_t:
-        GCC 12 vectorises no loop loading a _Bool; they are read as ``!= 0``), scratch in the
-        compute type."""
+        GCC 12 vectorises no loop loading a _Bool; they are read as ``!= 0``), and a ``stage``
+        tile of a dtype it holds as stored (``sched.held_as_stored``), scratch in the compute
+        type."""
         d = self.dtype(b.dtype)
-        if b.role.data not in ("in", "out"):
+        if not s.held_as_stored(b, d):
             return d.compute.c_type
         return "uint8_t" if d == dtypes.BOOL else d.c_type
 
@@ -363,12 +364,12 @@ class CPrinter:
         b = s.buf_type(buf)
         if b.rank == 0 and b.role.data == "local":
             return self.lanes.get(buf, self.name(buf))
-        raw = self.elem_ref(buf, idx)
-        return c_widen(raw, self.dtype(b.dtype)) if b.role.data in ("in", "out") else raw
+        raw, d = self.elem_ref(buf, idx), self.dtype(b.dtype)
+        return c_widen(raw, d) if s.held_as_stored(b, d) else raw
 
     def store_value(self, b: s.BufType, value: str, vdtype: str) -> str:
         d = self.dtype(b.dtype)
-        if b.role.data in ("in", "out"):
+        if s.held_as_stored(b, d):
             if d == dtypes.BF16:
                 return f"opgen_f32_to_bf16({value})"
             if d == dtypes.F16:
@@ -621,7 +622,7 @@ class CPrinter:
     def alloc(self, op: s.AllocOp) -> None:
         b = s.buf_type(op.result)
         ct = self.storage_ctype(b)
-        n = self.fresh("l" if b.role.data == "local" else "t")
+        n = self.fresh("t" if b.role.data == "temp" else "l")
         self.names[op.result] = n
         zero = op.zero is not None and op.zero.data
         if b.rank == 0 and b.role.data == "local":  # a register
@@ -1007,11 +1008,15 @@ class CPrinter:
                   f"{fns[2]}{self.name(op.dst)});")
 
     def transpose_tile(self, op: s.TransposeTileOp) -> None:
-        """sched.transpose_tile: the runtime's ``opgen_<dtype>_transpose_tile`` from the tile's
-        first element, with the caller's strides along its last two axes."""
+        """sched.transpose_tile: the runtime's ``opgen_<dtype>_transpose_tile`` (widening into a
+        tile of the compute type) or, into a tile that holds its dtype as stored,
+        ``opgen_bits<n>_transpose_tile`` (the elements' bits as they are), from the tile's first
+        element, with the caller's strides along its last two axes."""
         b, pn = s.buf_type(op.src), self.arg_of[op.src]
+        d = self.dtype(b.dtype)
+        fn = f"bits{d.bits}" if s.held_as_stored(s.buf_type(op.dst), d) else d.name
         strides = [self.stride_expr(pn, a, b.rank) for a in (b.rank - 2, b.rank - 1)]
-        self.line(f"opgen_{self.dtype(b.dtype).name}_transpose_tile({self.name(op.dst)}, {self.extents(op.dst)[1]}, "
+        self.line(f"opgen_{fn}_transpose_tile({self.name(op.dst)}, {self.extents(op.dst)[1]}, "
                   f"{self.name(op.src)} + {self.offset(op.src, list(op.idx))}, {strides[0]}, {strides[1]}, "
                   f"{self.name(op.rows)}, {self.name(op.cols)});")
 
@@ -1040,7 +1045,7 @@ class CPrinter:
         if held not in ("f32", "bf16", "f16") or t.rank != 2:
             return None
         ptr, ok = self.name(x), None
-        if t.role.data in ("local", "temp"):
+        if t.role.data in s.SCRATCH_ROLES:
             rs, cs = self.extents(x)[1], "1"
         else:
             pn = self.arg_of[x]

@@ -375,7 +375,7 @@ def at_counter(v: SSAValue, loop: s.ForOp, at: SSAValue, before: Operation,
 
 def reads_only(op: s.ForOp) -> bool:
     """Whether ``op`` writes nothing of a caller's tensors (only its own scratch: accumulators)."""
-    return all(s.buf_type(b).role.data in ("local", "temp") for b in s.effects(op)[1])
+    return all(s.buf_type(b).role.data in s.SCRATCH_ROLES for b in s.effects(op)[1])
 
 
 def streams(op: s.ForOp, read_before: set[SSAValue]) -> list[s.LoadOp]:

@@ -161,7 +161,7 @@ def rows_per_iteration(loop: s.ForOp, second: s.ForOp) -> int:
     if not reads_only(loop):
         return FACTOR
     rows = {o.buf for o in second.body.block.ops if isinstance(o, s.LoadOp) and loop.iv in o.idx
-            and s.buf_type(o.buf).role.data != "local"}
+            and s.buf_type(o.buf).role.data not in ("local", "stage")}
     return max(FACTOR, READ_STREAMS // max(1, len(rows)))
 
 

@@ -144,7 +144,13 @@ def _scalar(op: IRDLOperation, v: SSAValue, dtype: str, what: str) -> None:
     if not isinstance(t, TensorType) or t.rank != 0 or t.dtype != dtype:
         raise VerifyException(f"{op.name}: {what} must be a rank-0 {dtype} value, got {t}")
 
-BUF_ROLES = ("in", "out", "temp", "local")
+BUF_ROLES = ("in", "out", "temp", "local", "stage")
+#: the roles of a kernel's own buffers (allocated by ``sched.alloc``; the others are the caller's)
+SCRATCH_ROLES = ("temp", "local", "stage")
+#: the dtypes a ``stage`` buffer holds in their storage format (their bits as the caller's tensor
+#: holds them: bf16, whose widening is exact and one shift); a ``stage`` buffer of any other dtype
+#: holds its elements in their compute type, as ``local`` does
+STAGE_HELD = frozenset({"bf16"})
 
 
 @irdl_attr_definition
@@ -152,7 +158,10 @@ class BufType(SymbolicShape, ParametrizedAttribute, TypeAttribute):
     """``!sched.buf<[N, D], bf16, in>``: a strided view of memory.
 
     Roles: ``in``/``out`` come from the caller (strides from the ABI descriptor), ``temp`` is a
-    contiguous workspace buffer, ``local`` a per-iteration scratch (registers or stack).
+    contiguous workspace buffer, ``local`` a per-iteration scratch (registers or stack), ``stage``
+    a per-iteration scratch copy of a caller's elements (tile-transposes' tiles) held as the
+    caller holds them where the dtype is one of :data:`STAGE_HELD` (loads widen, as from the
+    caller's tensor), else in the compute type.
     """
 
     name = "sched.buf"
@@ -304,7 +313,7 @@ LANE_DTYPES = "lane_dtypes"
 
 @irdl_op_definition
 class AllocOp(IRDLOperation):
-    """A ``temp`` (workspace) or ``local`` (scratch) buffer; ``init`` zero-fills it."""
+    """A ``temp`` (workspace), ``local`` or ``stage`` (scratch) buffer; ``init`` zero-fills it."""
 
     name = "sched.alloc"
     #: the size of each dim, as values (the type spells them for the reader)
@@ -317,8 +326,8 @@ class AllocOp(IRDLOperation):
         super().__init__(operands=[list(sizes)], result_types=[t], properties={"zero": IntAttr(int(zero))})
 
     def verify_(self) -> None:
-        if buf_type(self.result).role.data not in ("temp", "local"):
-            raise VerifyException("sched.alloc: only temp/local buffers are allocated")
+        if buf_type(self.result).role.data not in SCRATCH_ROLES:
+            raise VerifyException("sched.alloc: only temp/local/stage buffers are allocated")
         if len(self.sizes) != buf_type(self.result).rank:
             raise VerifyException(f"sched.alloc: {len(self.sizes)} sizes for a rank-{buf_type(self.result).rank} "
                                   "buffer")
@@ -337,12 +346,18 @@ def bound_dtype(name: str, binding: dict[str, dtypes.DType]) -> dtypes.DType:
     return binding.get(name) or dtypes.by_name(name)
 
 
+def held_as_stored(b: BufType, d: dtypes.DType) -> bool:
+    """Whether buffer ``b``, its dtype bound to ``d``, holds its elements in their storage format
+    (a caller's tensor; a ``stage`` buffer of a :data:`STAGE_HELD` dtype), not their compute type."""
+    return b.role.data in ("in", "out") or (b.role.data == "stage" and d.name in STAGE_HELD)
+
+
 def binding_bytes(binding: dict[str, dtypes.DType]) -> Callable[[BufType], int]:
-    """Element size of a buffer under ``binding`` (the caller's dtype for ``in``/``out``, its
-    compute type otherwise)."""
+    """Element size of a buffer under ``binding`` (the caller's dtype where it holds elements as
+    stored, :func:`held_as_stored`; its compute type otherwise)."""
     def size(b: BufType) -> int:
         d = bound_dtype(b.dtype, binding)
-        return (d if b.role.data in ("in", "out") else d.compute).bits // 8
+        return (d if held_as_stored(b, d) else d.compute).bits // 8
     return size
 
 
@@ -904,11 +919,12 @@ class PackOp(IRDLOperation):
 
 @irdl_op_definition
 class TransposeTileOp(IRDLOperation):
-    """``dst[c, r] = src[..., row + r, col + c]`` for ``r < rows``, ``c < cols``, widened to the
-    compute type, where ``idx`` names the tile's first element ``src[..., row, col]``: a tile of a
-    caller's tensor staged transposed in a ``local`` buffer (at least ``cols`` x ``rows``), so
-    that a loop reading the tensor's columns reads the buffer's rows instead (tile-transposes;
-    the CPU runtime's ``opgen_<dtype>_transpose_tile``, a 16x16 tile in registers)."""
+    """``dst[c, r] = src[..., row + r, col + c]`` for ``r < rows``, ``c < cols``, where ``idx``
+    names the tile's first element ``src[..., row, col]``: a tile of a caller's tensor staged
+    transposed in a ``stage`` buffer (at least ``cols`` x ``rows``; widened to the compute type
+    unless the buffer holds its dtype as stored, :data:`STAGE_HELD`), so that a loop reading the
+    tensor's columns reads the buffer's rows instead (tile-transposes; the CPU runtime's
+    ``opgen_<dtype>_transpose_tile``, 16-row blocks in registers)."""
 
     name = "sched.transpose_tile"
     src = operand_def(BufType)
@@ -925,8 +941,8 @@ class TransposeTileOp(IRDLOperation):
     def verify_(self) -> None:
         _check_indices(self, self.src, self.idx)
         s, d = buf_type(self.src), buf_type(self.dst)
-        if s.rank < 2 or d.rank != 2 or d.role.data != "local":
-            raise VerifyException("sched.transpose_tile: a tile of a rank >= 2 buffer into a 2-D local buffer")
+        if s.rank < 2 or d.rank != 2 or d.role.data != "stage":
+            raise VerifyException("sched.transpose_tile: a tile of a rank >= 2 buffer into a 2-D stage buffer")
         if s.dtype != d.dtype:
             raise VerifyException(f"sched.transpose_tile: dtype {d.dtype} holds a tile of {s.dtype}")
 

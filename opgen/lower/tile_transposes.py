@@ -17,7 +17,7 @@ times the copy's time). This pass walks ``TI x TJ`` tiles instead, numbered row-
     sched.for parallel t = 0 to cdiv(hi_j, TJ) * cdiv(hi_i, TI) {
       tj = t / cdiv(hi_i, TI);  ti = t - tj * cdiv(hi_i, TI)
       j0 = tj * TJ;  j1 = min(j0 + TJ, hi_j);  i0 = ti * TI;  i1 = min(i0 + TI, hi_i)   // (shifted: below)
-      %t = sched.alloc local [TI, TJ]                          // (staged loads only)
+      %t = sched.alloc stage [TI, TJ]                          // (staged loads only)
       sched.transpose_tile %x[j0, i0] -> %t, (j1 - j0) x (i1 - i0)
       sched.for serial i = i0 to i1 {
         sched.prefetch_share %x[j0', i0'], rows' x cols' share i - i0 of i1 - i0   // (staged loads only)
@@ -32,14 +32,16 @@ took twice the time); with fewer tiles of rows than threads, the threads split a
 (``x`` of 128 x 65536: one thread did it all when only the loop over ``tj`` was parallel).
 
 A load of a caller's tensor whose last two indices are ``j`` and ``i`` (the others fixed for the
-nest) in a dtype of ``STAGED`` is *staged*: each tile of it is copied transposed into a local tile
-by ``sched.transpose_tile`` (the runtime's 16x16 in-register transposes with AVX-512), and the
-body reads the local tile along its rows, so the vector loop over ``j`` loads vectors instead of
-one element a row apart each. The tiles are then long (``STAGED_TILE``: ``x`` read 512 elements
-a row, ``y`` written 128 a row, four 64-byte lines of bf16 together: the streaming stores'
-strips); a nest with an unstaged transposed load keeps 16 x 16 tiles, whose 16 rows of ``x`` stay
-in L1 between its strided loads. Each element is computed by the same operations from the same
-values: the bits do not change.
+nest) in a dtype of ``STAGED`` is *staged*: each tile of it is copied transposed into a ``stage``
+tile by ``sched.transpose_tile`` (the runtime's 16x16 in-register transposes with AVX-512), and the
+body reads the tile along its rows, so the vector loop over ``j`` loads vectors instead of one
+element a row apart each. A ``stage`` tile holds bf16 as its 16-bit words (``sched.STAGE_HELD``;
+its loads widen them): half the bytes of f32 values written and read again (8192x4096 bf16, 2
+threads: 5-10% less time; docs/backend_cpu.md). The tiles are then long (``STAGED_TILE``: ``x``
+read 512 elements a row, ``y`` written 128 a row, four 64-byte lines of bf16 together: the
+streaming stores' strips); a nest with an unstaged transposed load keeps 16 x 16 tiles, whose 16
+rows of ``x`` stay in L1 between its strided loads. Each element is computed by the same operations
+from the same values: the bits do not change.
 
 A row of ``y`` is written a tile's ``TJ`` columns at a time, the tiles beside each other written
 far apart in time; where ``y`` does not start a 64-byte line (numpy's large arrays start 16 bytes
@@ -167,7 +169,7 @@ def _stage(loads: list[s.LoadOp], tile: tuple[SSAValue, SSAValue], spans: tuple[
         lead = tuple(ld.idx)[:-2]
         key = (ld.buf, lead)
         if key not in tiles:
-            alloc = s.AllocOp(s.BufType.make([ir.constant_int(t) for t in tile], s.buf_type(ld.buf).dtype, "local"),
+            alloc = s.AllocOp(s.BufType.make([ir.constant_int(t) for t in tile], s.buf_type(ld.buf).dtype, "stage"),
                               list(tile))
             loop.body.block.add_op(alloc)
             tiles[key] = alloc.result
