@@ -241,12 +241,19 @@ def peak_main(who: str, quick: bool) -> None:
     print(max(0.0, max(peak[0], rss_mb()) - before))
 
 
+#: a row's copy bandwidth this far from the run's first measurement (a fraction) is noted beside it:
+#: the Zen 5 VM's copy ran at 83-106 GB/s for stretches of seconds where it ran 48-61 otherwise, and
+#: a kernel whose compute holds it at the usual rate then reads half its usual percentage
+WINDOW = 0.25
+
+
 def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | None = None,
           bf16_units: str = "bf16 dot-product") -> str:
     """The markdown table: speed-up with both sides allocating their outputs; % copy BW from the
     time with the outputs given (the kernel alone: fresh pages cost both sides their zeroing,
     which no kernel avoids), each call against the copy timed right after it (timing.given_ms's
-    ``pct_copy``), and for a row whose in-cache time alone exceeds 80% of that, a
+    ``pct_copy``; where that copy's bandwidth was more than WINDOW from the run's first, ``bw``,
+    a note of it), and for a row whose in-cache time alone exceeds 80% of that, a
     note that it is compute-bound on this machine; % FMA peak for f32 products, % of the peak of
     the bf16 units (``bf16_units``: AMX or AVX512-BF16, where the machine has them) for bf16 ones."""
     lines = ["| case | opgen ms | PyTorch ms | speed-up | opgen ms, outputs given | % copy BW | notes |",
@@ -258,6 +265,8 @@ def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | No
         pct = r.get("pct_copy", 100 * r["bytes"] / (t / 1e3) / 1e9 / row_bw if "bytes" in r else None)
         bwp = f"{pct:.0f}%" if pct is not None else "-"
         notes = []
+        if "copy_gbs" in r and abs(row_bw / bw - 1) > WINDOW:
+            notes.append(f"copy beside it {row_bw:.0f} GB/s, {row_bw / bw:.2f}x the run's first")
         if "cache_ms" in r:
             copy_ms = r["bytes"] / row_bw / 1e6
             bound = " (compute-bound here)" if r["cache_ms"] > 0.8 * copy_ms else ""

@@ -82,3 +82,21 @@ def test_the_bf16_peak_is_that_of_the_units_the_library_uses(tmp_path):
         has_amx = " amx_bf16 " in f.read().replace("\n", " ")
     if not has_amx:
         assert math.isnan(amx)
+
+
+def test_the_table_notes_a_row_measured_in_a_copy_window(monkeypatch):
+    """benchmarks/cpu.py's table notes the copy bandwidth a row's percentage was measured against
+    where it is more than WINDOW from the run's first (the VM's fast copy windows), and only there."""
+    monkeypatch.syspath_prepend(str(registry.REPO_ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("opgen_bench_cpu", registry.REPO_ROOT / "benchmarks" / "cpu.py")
+    assert spec is not None and spec.loader is not None
+    cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu)
+    row = {"ours_ms": 10.0, "torch_ms": 20.0, "bytes": 400_000_000, "given_ms": 8.0, "pct_copy": 50.0}
+    rows = [dict(row, row="usual", copy_gbs=55.0), dict(row, row="fast", copy_gbs=100.0),
+            dict(row, row="slow", copy_gbs=30.0)]
+    lines = {ln.split(" | ")[0][2:]: ln for ln in cpu.table(rows, 52.0, None).splitlines()[2:]}
+    assert "copy beside it" not in lines["usual"]
+    assert "copy beside it 100 GB/s, 1.92x the run's first" in lines["fast"]
+    assert "copy beside it 30 GB/s, 0.58x the run's first" in lines["slow"]
+    assert all("| 50% |" in ln for ln in lines.values())  # (the percentage itself as measured)
