@@ -884,9 +884,12 @@ static inline void opgen_prefetch_share(const void *p, int64_t row_stride, int64
                         for (int p_ = 16; p_ < 32; p_++) OPGEN_PREFETCH_L2(s, (r0 + p_) * rs + c0, 0);      \
                     OPGEN_TR_BLOCK_##dt(d + c0 * ld + r0, s + r0 * rs + c0);                                \
                 }                                                                                           \
-        const int64_t c1 = vec ? cols - cols % w : 0;                                                       \
-        for (int64_t r = 0; r < rows; r++)                                                                  \
-            for (int64_t c = r < r0 ? c1 : 0; c < cols; c++) d[c * ld + r] = widen(s[r * rs + c * cs]);   \
+        const int64_t c1 = vec ? cols - cols % w : 0; /* (the blocks' rows: columns from c1 left) */       \
+        if (c1 < cols)                                                                                      \
+            for (int64_t r = 0; r < r0; r++)                                                                \
+                for (int64_t c = c1; c < cols; c++) d[c * ld + r] = widen(s[r * rs + c * cs]);             \
+        for (int64_t r = r0; r < rows; r++)                                                                 \
+            for (int64_t c = 0; c < cols; c++) d[c * ld + r] = widen(s[r * rs + c * cs]);                  \
     }
 #define OPGEN_AS_IS(x) (x)
 OPGEN_TRANSPOSE_TILE(f32, float, float, OPGEN_AS_IS)
