@@ -1352,6 +1352,71 @@ def test_passes_that_only_read_rows_prefetch_into_l2(built):
             assert all(h.l2 is not None for h in hints)
 
 
+def _counter_value(v, env: dict) -> int:
+    """A counter expression of map-cpu's (constants, dims, +, -, *, min, max) evaluated with the
+    counters and dims in ``env`` (an independent reading of the IR, for the test below)."""
+    if v in env:
+        return env[v]
+    op = v.owner
+    if isinstance(op, ir.ConstantOp):
+        return int(op.value.value.data)
+    if isinstance(op, ir.DimOp):
+        return env[op.dim.data]
+    fn = {ir.AddOp: lambda a, b: a + b, ir.SubOp: lambda a, b: a - b, ir.MulOp: lambda a, b: a * b,
+          ir.MinOp: min, ir.MaxOp: max}[type(op)]
+    return fn(_counter_value(op.lhs, env), _counter_value(op.rhs, env))
+
+
+def _enclosing(op) -> list:
+    """The ops around ``op``, innermost first."""
+    out = []
+    while (op := op.parent_op()) is not None:
+        out.append(op)
+    return out
+
+
+def test_a_group_of_rows_prefetches_the_next_group_past_its_rows_ends(built):
+    """map-cpu: a stream loop reading a group of rows side by side (token_sum's 8 rows of x,
+    BatchNorm's column sums' 4 rows of grad_y and x) prefetches, once its ``ahead`` bytes pass a
+    row's end, into the row the group loop's next iteration reads in its place (``sched.prefetch
+    ... wrap``: row lo + F (p + 1) + r, clamped to the tensor's rows; the row after it in memory
+    is the group's own next row, read already); the C printer chooses between the two lines by
+    the column (2048 bytes: 1024 bf16 elements, 512 f32). A row loop walking one row a step (GELU
+    backward's, tanh form) needs no wrap: its row's end runs into the next row."""
+    from opgen.emit import cpu
+    from opgen.lower.cpu_map import PREFETCH_AHEAD, cpu_mapping
+    from opgen.lower.sched import CpuMapping
+    from opgen.passes import pipeline
+
+    for name, rows_dim, group in (("token_sum", "N", 8), ("batch_norm_backward", "N", 4)):
+        m = built["ops"][name].module()
+        pipeline.run(m, "cpu", until="map-cpu")
+        jammed = [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_mapping(o) == CpuMapping.STREAM
+                  and len({ld.idx[-2] for ld in o.body.block.ops if isinstance(ld, s.LoadOp)
+                           and s.buf_type(ld.buf).role.data == "in" and s.buf_type(ld.buf).rank >= 2}) == group]
+        assert jammed, name
+        for loop in jammed:
+            parent = loop.parent_op()
+            hints = [o for o in loop.body.block.ops if isinstance(o, s.PrefetchOp) and o.write is None]
+            assert hints and all(h.wrap is not None and h.ahead.data == PREFETCH_AHEAD for h in hints), name
+            outer = [o.iv for o in _enclosing(parent) if isinstance(o, s.ForOp)]  # (their counters at 0)
+            for p in (0, 2, 15):  # (15: rows 60-63 of 64 in token_sum's last group, BatchNorm's 16th)
+                env = {parent.iv: p, rows_dim: 64, "C": 300, "B": 3, **dict.fromkeys(outer, 0)}
+                for h in hints:
+                    row, wrap = _counter_value(h.idx[-2], env), _counter_value(h.wrap, env)
+                    assert wrap == min(row + group, 63), (name, p, row, wrap)  # (clamped to the last row)
+                    assert _counter_value(h.cols, env) == 300
+        text = cpu.op_source(built["ops"][name])
+        for flavour, elems in (("bf16_u", 1024), ("f32_u", 512)):
+            body = text[text.index(f"k_{name}_{flavour}("):]
+            body = body[:body.index("return OPGEN_SUCCESS")]
+            assert f" + {elems} < d_C ? " in body and "OPGEN_PREFETCH_L2(p_x, (" in body, (name, flavour)
+    m = built["ops"]["gelu_tanh_backward"].module()
+    pipeline.run(m, "cpu", until="map-cpu")
+    hints = [o for o in m.walk() if isinstance(o, s.PrefetchOp)]
+    assert hints and not any(h.wrap is not None for h in hints)
+
+
 # ---------------------------------------------------------------------- transposed inputs
 
 

@@ -538,6 +538,8 @@ class CPrinter:
             idx = list(op.idx)
             if op.span is not None:
                 self.span_prefetch(op, macro, guard)
+            elif op.wrap is not None:
+                self.wrap_prefetch(op, macro, guard)
             elif op.shift is not None:
                 at = self._raw_offset(op.buf, (*(self.name(v) for v in idx[:-1]),
                                                f"({self.name(idx[-1])} + {self.name(op.shift)})"))
@@ -569,6 +571,19 @@ class CPrinter:
         at = self._raw_offset(op.buf, (*(self.name(v) for v in idx[:-1]), f"({self.name(idx[-1])} + {q})"))
         self.line(f"{guard}for (int64_t {q} = 0; {q} < {self.name(op.span)}; {q} += {step}) "
                   f"{macro}({self.name(op.buf)}, {at}, {op.ahead.data});")
+
+    def wrap_prefetch(self, op: s.PrefetchOp, macro: str, guard: str) -> None:
+        """A ``sched.prefetch ... wrap``: the line ``ahead`` bytes past element ``j`` of the row
+        while ``j`` + ``ahead`` bytes' elements is in the row, else ``ahead`` bytes past element
+        ``j - cols`` of row ``wrap`` (as far into it as the row's end was passed)."""
+        assert op.wrap is not None and op.cols is not None
+        idx = list(op.idx)
+        ahead = -(-op.ahead.data // self.dtype(s.buf_type(op.buf).dtype).itemsize)  # (in elements, rounded up)
+        j, cols = self.name(idx[-1]), self.name(op.cols)
+        here = self.offset(op.buf, idx)
+        there = self._raw_offset(op.buf, (*(self.name(v) for v in idx[:-2]), self.name(op.wrap), f"({j} - {cols})"))
+        self.line(f"{guard}{macro}({self.name(op.buf)}, ({j} + {ahead} < {cols} ? {here} : {there}), "
+                  f"{op.ahead.data});")
 
     def pair_word(self, op: s.LoadOp) -> bool:
         """Whether ``pair`` load ``op`` (cpu_map.mark_pairs) reads its pair as one word in this

@@ -18,7 +18,9 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
   loop of the same body has read. It runs in strips of one cache line (:func:`strip`), and each
   strip starts with a ``sched.prefetch`` ``PREFETCH_AHEAD`` bytes ahead in every such row (into
   L2 only, ``l2``, where the loop writes no caller tensor: :func:`reads_only`; there jam-rows'
-  pairs of rows, indexed by expressions of the counters, are streamed too). Compute-heavy
+  pairs of rows, indexed by expressions of the counters, are streamed too; past the end of a row
+  of a group read side by side, the prefetch goes into the row the group loop's next iteration
+  reads in its place: :func:`_wrap`). Compute-heavy
   loops (``exp``, a division) otherwise keep too few cache misses in flight to overlap their
   arithmetic with memory (SiLU backward, 8192x4096 f32, 2 threads: 20.1 -> 13.4 ms in a C
   harness; docs/backend_cpu.md). A row a sibling loop has just read is in cache already, and
@@ -70,7 +72,7 @@ decisions; the printer (opgen/emit/cpu.py, opgen/emit/c_family.py) follows them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, IntAttr, IntegerAttr, ModuleOp, UnitAttr
@@ -458,50 +460,103 @@ def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> lis
             and not any(uses_counter(i, parent) for i in ld.idx[:-2])]
 
 
-def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> None:
-    """A prefetch of each load's element in its next row, at the start of ``o``'s strips: the row
-    the parent's next iteration reads (the row's expression evaluated at ``r + 1``:
-    :func:`at_counter`) clamped to the tensor's rows, ``max(0, min(row, rows - 1))``, so that
-    the last iteration of a group of rows (row-groups' 32 rows, jam-rows' pairs within them)
-    fetches the next group's first rows (2-3% less time for RMSNorm bf16 8192x4096, 1 and 2
-    threads) and no row outside the tensor is named; where the tensor's rows are an expression
-    and not a dim, the parent's last iteration prefetches its own rows instead
-    (``min(r + 1, hi - 1)``). The next row is fetched while this row's second pass computes. For
-    every element size: narrow elements (bf16, f16) were once prefetched during the first pass
-    instead, which measured faster when the second pass was slower; on the Zen 5 machine the
-    second pass is faster for them too (bf16, 8192x4096, 2 threads, outputs given, libraries
-    alternating in one process: RMSNorm 4.6 -> 4.4 ms, softmax 4.2 -> 4.0, LayerNorm 5.0 -> 4.7;
-    docs/backend_cpu.md)."""
+def _next_rows(o: s.ForOp, parent: s.ForOp) -> Callable[[s.LoadOp], SSAValue]:
+    """For a load of ``o`` reading row ``buf[..., r, j]``, the row the parent's next iteration
+    reads in its place (``r`` evaluated at the parent's counter + 1: :func:`at_counter`),
+    clamped to the tensor's rows, ``max(0, min(row, rows - 1))``, so that no row outside the
+    tensor is named (and the last iteration of a group of rows names the next group's first
+    rows); where the tensor's rows are an expression and not a dim, the parent's last iteration
+    names its own rows instead (``min(r + 1, hi - 1)``). The ops are built before ``o``, each
+    once."""
     def before(*ops: Operation) -> None:
         for new in ops:
             o.parent_block().insert_op_before(new, o)
 
-    one, zero = ir.ConstantOp(1, "i64"), ir.ConstantOp(0, "i64")
-    nxt = ir.AddOp(parent.iv, one.result)
-    before(one, zero, nxt)
+    consts: list[SSAValue] = []  # (1, 0 and the parent's counter + 1, built at the first call)
     memo: dict[SSAValue, SSAValue] = {}
-    rows: dict[tuple[SSAValue, str], SSAValue] = {}  # (row, the tensor's rows) -> the row to prefetch
+    rows: dict[tuple[SSAValue, str], SSAValue] = {}  # (row, the tensor's rows) -> the next row
 
     def next_row(ld: s.LoadOp) -> SSAValue:
+        key = (ld.idx[-2], s.buf_type(ld.buf).shape[-2])
+        if key in rows:
+            return rows[key]
+        if not consts:
+            one, zero = ir.ConstantOp(1, "i64"), ir.ConstantOp(0, "i64")
+            nxt = ir.AddOp(parent.iv, one.result)
+            before(one, zero, nxt)
+            consts.extend((one.result, zero.result, nxt.result))
+        one, zero, nxt = consts
         ext = s.extent_of(ld.buf, s.buf_type(ld.buf).rank - 2)
-        if ext is None:  # (the parent's last iteration prefetches its own rows)
-            hi = ir.SubOp(parent.hi, one.result)
-            last = ir.MinOp(nxt.result, hi.result)
+        if ext is None:
+            hi = ir.SubOp(parent.hi, one)
+            last = ir.MinOp(nxt, hi.result)
             before(hi, last)
-            return at_counter(ld.idx[-2], parent, last.result, o, {})
+            rows[key] = at_counter(ld.idx[-2], parent, last.result, o, {})
+            return rows[key]
         ops, n = ext
-        top = ir.SubOp(n, one.result)
-        below = ir.MinOp(at_counter(ld.idx[-2], parent, nxt.result, o, memo), top.result)
-        clamped = ir.MaxOp(below.result, zero.result)
+        top = ir.SubOp(n, one)
+        below = ir.MinOp(at_counter(ld.idx[-2], parent, nxt, o, memo), top.result)
+        clamped = ir.MaxOp(below.result, zero)
         before(*ops, top, below, clamped)
-        return clamped.result
+        rows[key] = clamped.result
+        return rows[key]
 
+    return next_row
+
+
+def _prefetch_next_rows(o: s.ForOp, next_row: Callable[[s.LoadOp], SSAValue], loads: list[s.LoadOp]) -> None:
+    """A prefetch of each load's element in its next row, at the start of ``o``'s strips: the row
+    the parent's next iteration reads (``next_row``, :func:`_next_rows`: the last iteration of a
+    group of rows, row-groups' 32 rows or jam-rows' pairs within them, fetches the next group's
+    first rows: 2-3% less time for RMSNorm bf16 8192x4096, 1 and 2 threads). The next row is
+    fetched while this row's second pass computes. For every element size: narrow elements
+    (bf16, f16) were once prefetched during the first pass instead, which measured faster when
+    the second pass was slower; on the Zen 5 machine the second pass is faster for them too
+    (bf16, 8192x4096, 2 threads, outputs given, libraries alternating in one process: RMSNorm
+    4.6 -> 4.4 ms, softmax 4.2 -> 4.0, LayerNorm 5.0 -> 4.7; docs/backend_cpu.md)."""
     start = o.body.block.first_op
     for ld in loads:
-        key = (ld.idx[-2], s.buf_type(ld.buf).shape[-2])
-        if key not in rows:
-            rows[key] = next_row(ld)
-        o.body.block.insert_op_before(s.PrefetchOp(ld.buf, [*ld.idx[:-2], rows[key], ld.idx[-1]], 0), start)
+        o.body.block.insert_op_before(s.PrefetchOp(ld.buf, [*ld.idx[:-2], next_row(ld), ld.idx[-1]], 0), start)
+
+
+def _one_a_step(row: SSAValue, loop: s.ForOp) -> bool:
+    """Whether ``row`` is ``loop``'s counter or the counter plus a value defined outside the loop:
+    the loop's next iteration reads the row after it."""
+    if row is loop.iv:
+        return True
+    add = row.owner
+    if not isinstance(add, ir.AddOp):
+        return False
+    other = add.rhs if add.lhs is loop.iv else add.lhs if add.rhs is loop.iv else None
+    return other is not None and not uses_counter(other, loop)
+
+
+def _wrap(o: s.ForOp, parent: Operation, ld: s.LoadOp, next_row: Callable[[s.LoadOp], SSAValue] | None,
+          lengths: dict[str, SSAValue]) -> tuple[SSAValue, SSAValue] | None:
+    """Where the ``PREFETCH_AHEAD`` prefetch of stream load ``ld`` goes once it passes the end of
+    its row (``sched.prefetch ... wrap``): the row the parent's next iteration reads in its place
+    (``next_row``) and the row's length, for a row that is an expression of the parent's counter
+    other than one a step (a group of rows read side by side: a loop that only sums columns,
+    jam-rows' 8 rows; BatchNorm's column sums, 4), whose rows' ends had spilled into the group's
+    next row, read already, where the next group's rows were to come. A sum over the middle axis,
+    128x64x4096 bf16, 2 threads, outputs given: 1.87-2.00 -> 1.78-1.82 ms (the first quarter of
+    each 8 KiB row had been left to the hardware); f32 within the noise. None for a row one a
+    step (:func:`_one_a_step`: its end spills into the next row, as it should) and for a row
+    whose length is not known. ``lengths``: the rows' lengths built before ``o`` so far, by size."""
+    if next_row is None or not isinstance(parent, s.ForOp) or len(ld.idx) < 2:
+        return None
+    row = ld.idx[-2]
+    if _one_a_step(row, parent) or not uses_counter(row, parent) or any(uses_counter(i, parent) for i in ld.idx[:-2]):
+        return None
+    size = s.buf_type(ld.buf).shape[-1]
+    if size not in lengths:
+        ext = s.extent_of(ld.buf, s.buf_type(ld.buf).rank - 1)
+        if ext is None:
+            return None
+        for new in ext[0]:
+            o.parent_block().insert_op_before(new, o)
+        lengths[size] = ext[1]
+    return next_row(ld), lengths[size]
 
 
 def _map(op: Operation, in_parallel: bool) -> None:
@@ -526,14 +581,17 @@ def _map(op: Operation, in_parallel: bool) -> None:
                         mark_pairs(o)
                         first = o.body.block.first_op
                         l2 = reads_only(o)
+                        next_row = _next_rows(o, op) if isinstance(op, s.ForOp) else None
+                        lengths: dict[str, SSAValue] = {}
                         for ld in loads:
-                            hint = s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD, l2=l2)
+                            wrap = _wrap(o, op, ld, next_row, lengths)
+                            hint = s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD, l2=l2, wrap=wrap)
                             o.body.block.insert_op_before(hint, first)
                         for ld, k in shifted:
                             hint = s.PrefetchOp(ld.buf, [*ld.idx[:-1], o.iv], PREFETCH_AHEAD, shift=k, l2=l2)
                             o.body.block.insert_op_before(hint, first)
-                        if nexts:
-                            _prefetch_next_rows(o, op, nexts)
+                        if nexts and next_row is not None:
+                            _prefetch_next_rows(o, next_row, nexts)
                         for ld in staged_loads(o):
                             ld.attributes[MAPPING] = CpuMappingAttr(CpuMapping.STAGED)
                         for st in staged_stores(o):

@@ -550,30 +550,43 @@ class PrefetchOp(IRDLOperation):
 
     ``l2`` (optional): the line is brought into the core's second-level cache only (a pass that
     reads rows and writes none: more lines in flight, its own loads then find them a level
-    below the first)."""
+    below the first).
+
+    ``wrap`` and ``cols`` (optional, i64, together): where the ``ahead`` bytes pass the end of
+    the element's row (``cols`` elements along the last axis), the line is that many bytes into
+    row ``wrap`` instead (along the second-to-last axis; the other indices as given): the row
+    the loop reading this one will read next where that is not the row after it in memory
+    (map-cpu: a group of rows read side by side, whose next rows come a group later)."""
 
     name = "sched.prefetch"
     buf = operand_def(BufType)
     idx = var_operand_def(EqAttrConstraint(INDEX))
     span = opt_operand_def(EqAttrConstraint(INDEX))
     shift = opt_operand_def(EqAttrConstraint(INDEX))
+    wrap = opt_operand_def(EqAttrConstraint(INDEX))
+    cols = opt_operand_def(EqAttrConstraint(INDEX))
     ahead = prop_def(IntAttr)
     write = opt_prop_def(UnitAttr)
     l2 = opt_prop_def(UnitAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(MemoryReadEffect())
     assembly_format = ("$buf `[` $idx `]` (`span` $span^)? (`shift` $shift^)? `ahead` $ahead (`write` $write^)? "
-                       "(`l2` $l2^)? attr-dict `:` type($buf)")
+                       "(`l2` $l2^)? (`wrap` $wrap^)? (`cols` $cols^)? attr-dict `:` type($buf)")
 
     def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, write: bool = False,
-                 span: SSAValue | None = None, shift: SSAValue | None = None, l2: bool = False):
+                 span: SSAValue | None = None, shift: SSAValue | None = None, l2: bool = False,
+                 wrap: tuple[SSAValue, SSAValue] | None = None):
         props: dict[str, Attribute] = {"ahead": IntAttr(ahead)}
         if write:
             props["write"] = UnitAttr()
         if l2:
             props["l2"] = UnitAttr()
-        super().__init__(operands=[buf, idx, [span] if span is not None else [], [shift] if shift is not None else []],
-                         properties=props)
+
+        def opt(v: SSAValue | None) -> list[SSAValue]:
+            return [v] if v is not None else []
+
+        row, cols = wrap if wrap is not None else (None, None)
+        super().__init__(operands=[buf, idx, opt(span), opt(shift), opt(row), opt(cols)], properties=props)
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
@@ -583,6 +596,11 @@ class PrefetchOp(IRDLOperation):
             raise VerifyException("sched.prefetch: a span starts at its element (no shift)")
         if self.l2 is not None and self.write is not None:
             raise VerifyException("sched.prefetch: a prefetch for writing fetches into the first-level cache (no l2)")
+        if (self.wrap is None) != (self.cols is None):
+            raise VerifyException("sched.prefetch: wrap names a row and cols its length: both or neither")
+        if self.wrap is not None and (buf_type(self.buf).rank < 2 or self.span is not None or self.shift is not None):
+            raise VerifyException("sched.prefetch: wrap moves to another row along the second-to-last axis "
+                                  "(a buffer of rank 2 or more; no span or shift)")
 
 
 @irdl_op_definition
