@@ -1,12 +1,13 @@
 """Eight more ops a new user might write, none of them known to the compiler: log-softmax, SwiGLU,
 L2-normalize, softplus, hardswish, MSE and smooth-L1 backward and a bias gradient. Each is built
-by ``opgen build`` from its DSL file alone and run from the CPU library against the oracle (which
-it must match closely: the same math, only the vector kernels' rounding apart), and the oracle
-against PyTorch CPU (SPEC §0's policy: no worse than PyTorch's own same-dtype result against
-float64, plus the dtype's margin). Row lengths around the vector strips, one-element rows and a
-batch of two leading axes; the patterns they exercise: nested ``where`` on constants, ``abs``,
-``maximum`` with a scalar attribute, ``size()`` products, a rank-0 tensor scale, row sums divided
-into the row, a column sum over ``Batch`` rows."""
+by ``opgen build`` from its DSL file alone and run from the CPU library (and its CUDA kernels on
+the CPU model of CUDA, tests/cuda_emu) against the oracle, which it must match closely (the same
+math, only the vector kernels' rounding apart), and the oracle against PyTorch CPU (SPEC §0's
+policy: no worse than PyTorch's own same-dtype result against float64, plus the dtype's
+margin). Row lengths around the vector strips, one-element rows and a batch of two leading
+axes; the patterns they exercise: nested ``where`` on constants, ``abs``, ``maximum`` with a
+scalar attribute, ``size()`` products, a rank-0 tensor scale, row sums divided into the row, a
+column sum over ``Batch`` rows."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from opgen import oracle, runtime
+from tests.cuda_emu import emu_build, emu_worker
 from tests.ops_dirs import built_ops
 from tests.reference import assert_close_policy, f64, rounded, t64, tt
 
@@ -188,8 +190,34 @@ def test_a_new_users_op_matches_the_oracle_and_pytorch(built, rng, name, dtype):
         ref64, same = _reference(name, args, "f64"), _reference(name, args, dtype)
         for out, want in ref.items():
             what = f"{name}{shape} {out}"
-            o, w = f64(got[out]), f64(want)
-            scale = max(float(np.max(np.abs(w), initial=0.0)), 1e-30)
-            tol = {"f32": 2e-6, "bf16": 8e-3, "f16": 1e-3}[dtype]  # (a rounding of the storage dtype at most)
-            assert o.shape == w.shape and np.max(np.abs(o - w), initial=0.0) <= tol * scale, what
-            assert_close_policy(want, ref64[out].reshape(w.shape), same[out].reshape(w.shape), dtype, what)
+            _close(got[out], want, dtype, what)
+            shape_out = np.shape(want)
+            assert_close_policy(want, ref64[out].reshape(shape_out), same[out].reshape(shape_out), dtype, what)
+
+
+def _close(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> None:
+    """Within a rounding of the storage dtype of the oracle, relative to the result's largest."""
+    o, w = f64(got), f64(want)
+    scale = max(float(np.max(np.abs(w), initial=0.0)), 1e-30)
+    tol = {"f32": 2e-6, "bf16": 8e-3, "f16": 1e-3}[dtype]
+    assert o.shape == w.shape and np.max(np.abs(o - w), initial=0.0) <= tol * scale, what
+
+
+@pytest.mark.skipif(emu_build.cxx() is None, reason="no g++ for the CPU model of CUDA")
+def test_their_cuda_kernels_on_the_cpu_model(built, rng):
+    """The same ops' generated CUDA kernels, executed on tests/cuda_emu, against the oracle (f32
+    and bf16; rows around a block's threads, a batch of two leading axes)."""
+    out = built["out"]
+    sources = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+    assert {f"cuda/{n}.cu" for n in NAMES} <= set(sources)
+    lib = emu_worker.load(emu_build.build(sources, built["root"] / "emu"))
+    for dtype in ("f32", "bf16"):
+        for name in NAMES:
+            for shape in ((3, 17), (5, 300), (2, 3, 40)):
+                if len(shape) > 2 and name in ROWS_ONLY:
+                    continue
+                args = _inputs(name, shape, dtype, rng)
+                ref = oracle.run(built["ops"][name], **{k: v.copy() for k, v in args.items()})
+                got = runtime.call(name, lib=lib, **args)
+                for k in ref:
+                    _close(got[k], ref[k], dtype, f"cuda model: {name}{shape} {k} [{dtype}]")
