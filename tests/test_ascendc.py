@@ -367,6 +367,42 @@ def test_new_ops_on_the_model(new_ops, tmp_path):
     _bitwise_across_cores(lib, _new_cases(), tmp_path, env)
 
 
+@pytest.fixture(scope="module")
+def more_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """(library, environment) of tests/test_more_new_ops.py's ops (those with a rank-0 tensor
+    parameter are named and not built: not yet on the tile level)."""
+    from tests.test_more_new_ops import SOURCE
+
+    root = tmp_path_factory.mktemp("ascendc-more-ops")
+    ops = root / "opgen_test_ascendc_more"
+    ops.mkdir()
+    (ops / "more.py").write_text(SOURCE)
+    env = dict(os.environ, OPGEN_OPS_DIR=str(ops))
+    r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(root / "generated"), "-q"],
+                       cwd=REPO, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return _library(root / "generated", OUT / "more-ops"), env
+
+
+def test_more_new_ops_on_the_model(more_ops, tmp_path):
+    """A new user's log-softmax, SwiGLU, L2-normalize, softplus and hardswish backward and bias
+    gradient (tests/test_more_new_ops.py), against the oracle on the model, bitwise across
+    cores: rows shorter and longer than a vector, batch dims, an empty call."""
+    from tests.test_more_new_ops import ROWS_ONLY, _inputs
+
+    lib, env = more_ops
+    rng = np.random.default_rng(17)
+    cases = []
+    for T in ("f32", "bf16", "f16"):
+        for name in ("log_softmax_backward", "swiglu_backward", "l2norm_backward", "softplus_backward",
+                     "hardswish_backward", "bias_grad"):
+            for shape in ((9, 33), (130, 64), (2, 5, 17), (0, 4)):
+                if len(shape) > 2 and name in ROWS_ONLY:
+                    continue
+                cases.append((f"{name}-{T}-{shape}", name, _inputs(name, shape, T, rng)))
+    _bitwise_across_cores(lib, cases, tmp_path, env, cores=(1, 3))
+
+
 def _mask_cases() -> list[tuple[str, str, dict[str, Any]]]:
     """Per-element conditions and the expanded erf/tanh (the shared polynomial kernels): values on
     both sides of every threshold and branch point, exact ties, +-0, NaN and +-inf, tiles whose

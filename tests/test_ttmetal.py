@@ -25,6 +25,7 @@ from opgen.emit import ttmetal
 from opgen.tile.lower import TileUnsupported
 from tests import ttmetal_runner as runner
 from tests.cpu_cases import assert_c_close, copied, rms_args
+from tests.reference import rounded
 from tests.ttmetal_model import build as model_build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -316,6 +317,116 @@ def test_per_element_conditions_on_the_model(new_ops, tmp_path):
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_new_dsl_ops_pass_the_real_header_check(new_ops):
     runner.check_headers((*NEW, *MASKED), OUT / "check")
+
+
+#: tests/test_more_new_ops.py's ops with TT-Metal programs (mse and smooth-L1 backward take a
+#: rank-0 tensor parameter: named, not built)
+MORE = ("log_softmax_backward", "swiglu_backward", "l2norm_backward", "softplus_backward", "hardswish_backward",
+        "bias_grad")
+
+
+@pytest.fixture(scope="module")
+def more_ops(tmp_path_factory) -> dict[str, Any]:
+    """tests/test_more_new_ops.py's DSL file, loaded from its own ops directory."""
+    from tests.test_more_new_ops import SOURCE
+
+    d = tmp_path_factory.mktemp("tt-more") / "opgen_test_tt_more"
+    d.mkdir()
+    (d / "more.py").write_text(SOURCE)
+    ops = registry.load_all(str(d))
+    for o in ops.values():
+        runner.register(o)
+    return ops
+
+
+@pytest.mark.parametrize("op", MORE)
+def test_more_new_ops_on_the_model(more_ops, op, tmp_path):
+    """A new user's ops (log-softmax, SwiGLU, L2-normalize, softplus, hardswish backward, a bias
+    gradient) on the model against the oracle, bf16 and f32, bitwise identical on 1 and 64 cores."""
+    from tests.cpu_cases import filled
+    from tests.test_more_new_ops import ROWS_ONLY, _inputs
+
+    exe = runner.build(op, OUT / op)
+    rng = np.random.default_rng(7)
+    failures = []
+    for T in ("f32", "bf16"):
+        for shape in ((45, 77), (2, 33, 32), (1, 1), (0, 5)):
+            if len(shape) > 2 and op in ROWS_ONLY:
+                continue
+            a = {k: _flushed(v) for k, v in _inputs(op, shape, T, rng).items()}  # (the SFPU's comparisons)
+            ref = oracle.run(more_ops[op], **copied(a))
+            a.update({k: filled(v.shape, T) for k, v in ref.items()})
+            name = f"{op}-{T}-{'x'.join(map(str, shape))}"
+            runs = {}
+            for g in ((8, 8), (1, 1)):
+                proc, outs = runner.run(exe, op, a, tmp_path / f"{name}-{g[0]}", grid=g)
+                assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+                runs[g] = outs
+            for k, v in ref.items():
+                try:
+                    assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
+                except AssertionError as e:
+                    failures.append(str(e))
+                if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
+                    failures.append(f"{name}.{k}: 1 core differs from 64")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
+def test_more_new_ops_pass_the_real_header_check(more_ops):
+    runner.check_headers(MORE, OUT / "check-more")
+
+
+EXTREMA_OP = '''
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", bf16, f32)
+
+
+@op
+def extrema(x: Tensor[T, N, D], y: Tensor[T, N, D], lo: float, *, big: Output[T, N, D], small: Output[T, N, D]):
+    """maximum of two tiles, minimum with a scalar."""
+    return {"big": maximum(x, y), "small": minimum(x, lo)}
+'''
+
+
+def test_maximum_and_minimum_on_the_model(tmp_path_factory, tmp_path):
+    """``maximum``/``minimum`` on TT-Metal (a ``where_tile`` by ``a > b`` or ``a != a``: the
+    oracle's NaN-propagating extrema, not the SFPU's sign-magnitude ``binary_max_tile``):
+    against the oracle bit for bit (NaN at the same places) over NaN on either side, infinities,
+    -0.0 against +0.0 both ways, equal values and a scalar bound; 1 and 64 cores alike."""
+    d = tmp_path_factory.mktemp("tt-extrema") / "opgen_test_tt_extrema"
+    d.mkdir()
+    (d / "extrema.py").write_text(EXTREMA_OP)
+    ops = registry.load_all(str(d))
+    runner.register(ops["extrema"])
+    exe = runner.build("extrema", OUT / "extrema")
+    special = [np.nan, 1.0, np.inf, -np.inf, -0.0, 0.0, 2.5, -2.5, 0.0, -0.0, 3.0, np.nan]
+    other = [1.0, np.nan, 5.0, -5.0, 0.0, -0.0, 2.5, -1.0, np.inf, -np.inf, 3.0, np.nan]
+    rng = np.random.default_rng(23)
+    failures = []
+    for T in ("f32", "bf16"):
+        x = np.resize(np.array(special), (37, 70))
+        y = np.resize(np.array(other), (37, 70))
+        x[20:], y[20:] = rng.standard_normal((17, 70)), rng.standard_normal((17, 70))
+        a = {"x": _flushed(rounded(x, T)), "y": _flushed(rounded(y, T)), "lo": 0.0}
+        ref = oracle.run(ops["extrema"], **copied(a))
+        a.update({k: np.zeros_like(v) for k, v in ref.items()})
+        runs = {}
+        for g in ((8, 8), (1, 1)):
+            proc, outs = runner.run(exe, "extrema", a, tmp_path / f"extrema-{T}-{g[0]}", grid=g)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[g] = outs
+        for k, v in ref.items():
+            got = runs[(8, 8)][k]
+            nan = np.isnan(v.astype(np.float32))
+            if not np.array_equal(np.isnan(got.astype(np.float32)), nan) or \
+                    got[~nan].tobytes() != v[~nan].tobytes():
+                failures.append(f"extrema-{T}.{k}: differs from the oracle")
+            if runs[(1, 1)][k].tobytes() != got.tobytes():
+                failures.append(f"extrema-{T}.{k}: 1 core differs from 64")
+    assert not failures, "\n".join(failures)
 
 
 # --------------------------------------------------------------------------- boundary conversion

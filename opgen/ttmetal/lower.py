@@ -158,6 +158,18 @@ class Node:
         return 1
 
 
+def extremum(a: Node, b: Node, larger: bool) -> Node:
+    """``maximum(a, b)`` (``larger``) or ``minimum(a, b)`` of tiles as the oracle (numpy) and the
+    C targets define them, ``a`` where ``a > b`` (``a < b``) or ``a`` is NaN, else ``b``: a
+    ``where_tile`` picking by the comparison's mask or-ed with ``a != a`` (NaN propagates from
+    either side; of equal values, -0.0 and +0.0 among them, ``b``). The SFPU's own
+    ``binary_max_tile`` orders by the bits' sign and magnitude: a NaN wins or loses by its sign,
+    and -0.0 < +0.0. As every comparison here, subnormals compare as zeros (docs/backend_ttmetal.md)."""
+    first = Node("cmp", [a, b], fn="gt" if larger else "lt")
+    nan = Node("cmp", [a, a], fn="ne")
+    return Node("select", [Node("unary", [Node("binary", [first, nan], fn="add")], fn="nez"), a, b])
+
+
 def op_ident(kind: str, name: str) -> str:
     """The C++ name, in host code and kernels, of the op's argument ``name`` of ``kind``
     (``tensor`` or a scalar's): ``t_<name>`` or ``a_<name>`` (see :class:`KernelBuilder`)."""
@@ -787,6 +799,10 @@ class Lowering:
         if type(op) in SFPU_BINARY:
             a, b = (self.node(o) for o in op.operands)
             self.env[op.results[0]] = Node("binary", [a, b], fn=SFPU_BINARY[type(op)])
+            return
+        if isinstance(op, (ir.MaxOp, ir.MinOp)):
+            a, b = (self.node(o) for o in op.operands)
+            self.env[op.results[0]] = extremum(a, b, isinstance(op, ir.MaxOp))
             return
         if isinstance(op, HOST_MATH) and kind(op.results[0]) == "float":
             return  # (a float scalar: its users read it through node(), from the host: host_val)
