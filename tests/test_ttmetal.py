@@ -319,10 +319,12 @@ def test_new_dsl_ops_pass_the_real_header_check(new_ops):
     runner.check_headers((*NEW, *MASKED), OUT / "check")
 
 
-#: tests/test_more_new_ops.py's ops with TT-Metal programs (mse and smooth-L1 backward take a
-#: rank-0 tensor parameter: named, not built)
-MORE = ("log_softmax_backward", "swiglu_backward", "l2norm_backward", "softplus_backward", "hardswish_backward",
-        "bias_grad")
+#: tests/test_more_new_ops.py's ops run on the model: those whose patterns no op above has
+#: (``maximum`` with a parameter on a row value, ``where`` nested on constants, a column sum over
+#: ``Batch`` rows alone); its log-softmax, SwiGLU and softplus backward are softmax's, SiLU's and
+#: ReLU's patterns (each program's build costs ~10 s of the longest test file); mse and smooth-L1
+#: backward take a rank-0 tensor parameter (named, not built)
+MORE = ("l2norm_backward", "hardswish_backward", "bias_grad")
 
 
 @pytest.fixture(scope="module")
@@ -341,8 +343,8 @@ def more_ops(tmp_path_factory) -> dict[str, Any]:
 
 @pytest.mark.parametrize("op", MORE)
 def test_more_new_ops_on_the_model(more_ops, op, tmp_path):
-    """A new user's ops (log-softmax, SwiGLU, L2-normalize, softplus, hardswish backward, a bias
-    gradient) on the model against the oracle, bf16 and f32, bitwise identical on 1 and 64 cores."""
+    """A new user's ops (L2-normalize and hardswish backward, a bias gradient) on the model against
+    the oracle, bf16 and f32, bitwise identical on 1 and 64 cores."""
     from tests.cpu_cases import filled
     from tests.test_more_new_ops import ROWS_ONLY, _inputs
 
