@@ -161,21 +161,23 @@ def _library(generated: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def new_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """(library, environment) of the three new ops, generated from their own ops directory."""
-    root = tmp_path_factory.mktemp("ascendc-ops")
-    ops = root / "opgen_test_ascendc_ops"
+    return _ops_library(tmp_path_factory.mktemp("ascendc-ops"), "opgen_test_ascendc_ops", "new-ops",
+                        {"newops.py": NEW_OPS, "gate.py": GATE_OP, "target.py": TARGET_OP, "ln_cast.py": LN_CAST,
+                         "mask.py": MASK_OPS, "gelu.py": GELU, "gelu_tanh.py": GELU_TANH})
+
+
+def _ops_library(root: Path, package: str, out: str, files: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """(the model's library, the environment naming the ops directory) of DSL ``files`` written
+    into ``root/package`` and built by ``opgen build`` (a subprocess), the library in ``OUT/out``."""
+    ops = root / package
     ops.mkdir()
-    (ops / "newops.py").write_text(NEW_OPS)
-    (ops / "gate.py").write_text(GATE_OP)
-    (ops / "target.py").write_text(TARGET_OP)
-    (ops / "ln_cast.py").write_text(LN_CAST)
-    (ops / "mask.py").write_text(MASK_OPS)
-    (ops / "gelu.py").write_text(GELU)
-    (ops / "gelu_tanh.py").write_text(GELU_TANH)
+    for name, text in files.items():
+        (ops / name).write_text(text)
     env = dict(os.environ, OPGEN_OPS_DIR=str(ops))
     r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(root / "generated"), "-q"],
                        cwd=REPO, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    return _library(root / "generated", OUT / "new-ops"), env
+    return _library(root / "generated", OUT / out), env
 
 
 def _run(lib: Path, cases: list[tuple[str, str, dict[str, Any]]], tmp: Path, cores: int,
@@ -373,15 +375,8 @@ def more_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     parameter are named and not built: not yet on the tile level)."""
     from tests.test_more_new_ops import SOURCE
 
-    root = tmp_path_factory.mktemp("ascendc-more-ops")
-    ops = root / "opgen_test_ascendc_more"
-    ops.mkdir()
-    (ops / "more.py").write_text(SOURCE)
-    env = dict(os.environ, OPGEN_OPS_DIR=str(ops))
-    r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(root / "generated"), "-q"],
-                       cwd=REPO, env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return _library(root / "generated", OUT / "more-ops"), env
+    return _ops_library(tmp_path_factory.mktemp("ascendc-more-ops"), "opgen_test_ascendc_more", "more-ops",
+                        {"more.py": SOURCE})
 
 
 def test_more_new_ops_on_the_model(more_ops, tmp_path):

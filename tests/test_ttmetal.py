@@ -237,6 +237,26 @@ def _new_args(rng, op: str, T: str, shape: tuple[int, ...]) -> dict[str, Any]:
     return {"grad": floats(rng, shape, T), second: floats(rng, shape, T), "dx": filled(shape, T)}
 
 
+def _on_64_and_1_core(exe: Path, op: str, a: dict[str, Any], ref: dict[str, np.ndarray], name: str,
+                      tmp: Path) -> list[str]:
+    """Op ``op``'s program ``exe`` run on 8 x 8 and on 1 core with arguments ``a``: what differs
+    from the oracle's ``ref`` (assert_c_close) and from one core to 64 (bitwise)."""
+    runs = {}
+    for g in ((8, 8), (1, 1)):
+        proc, outs = runner.run(exe, op, a, tmp / f"{name}-{g[0]}", grid=g)
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+        runs[g] = outs
+    failures = []
+    for k, v in ref.items():
+        try:
+            assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
+        except AssertionError as e:
+            failures.append(str(e))
+        if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
+            failures.append(f"{name}.{k}: 1 core differs from 64")
+    return failures
+
+
 @pytest.mark.parametrize("op", NEW)
 def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
     """New ops get TT-Metal programs: each passes the real-header check's twin in
@@ -260,19 +280,7 @@ def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
                 continue  # (written on (N, D) only)
             a = _new_args(rng, op, T, shape)
             ref = oracle.run(new_ops[op], **copied(a))
-            name = f"{op}-{T}-{'x'.join(map(str, shape))}"
-            runs = {}
-            for g in ((8, 8), (1, 1)):
-                proc, outs = runner.run(exe, op, a, tmp_path / f"{name}-{g[0]}", grid=g)
-                assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
-                runs[g] = outs
-            for k, v in ref.items():
-                try:
-                    assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
-                except AssertionError as e:
-                    failures.append(str(e))
-                if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
-                    failures.append(f"{name}.{k}: 1 core differs from 64")
+            failures += _on_64_and_1_core(exe, op, a, ref, f"{op}-{T}-{'x'.join(map(str, shape))}", tmp_path)
     assert not failures, "\n".join(failures)
 
 
@@ -358,19 +366,7 @@ def test_more_new_ops_on_the_model(more_ops, op, tmp_path):
             a = {k: _flushed(v) for k, v in _inputs(op, shape, T, rng).items()}  # (the SFPU's comparisons)
             ref = oracle.run(more_ops[op], **copied(a))
             a.update({k: filled(v.shape, T) for k, v in ref.items()})
-            name = f"{op}-{T}-{'x'.join(map(str, shape))}"
-            runs = {}
-            for g in ((8, 8), (1, 1)):
-                proc, outs = runner.run(exe, op, a, tmp_path / f"{name}-{g[0]}", grid=g)
-                assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
-                runs[g] = outs
-            for k, v in ref.items():
-                try:
-                    assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
-                except AssertionError as e:
-                    failures.append(str(e))
-                if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
-                    failures.append(f"{name}.{k}: 1 core differs from 64")
+            failures += _on_64_and_1_core(exe, op, a, ref, f"{op}-{T}-{'x'.join(map(str, shape))}", tmp_path)
     assert not failures, "\n".join(failures)
 
 
@@ -627,18 +623,7 @@ def test_embedding_backward_on_the_model(eb_exe, tmp_path):
         except OpError as e:
             failures.append(f"{name}: the oracle refused ({e}): fix the case")
             continue
-        runs = {}
-        for g in ((8, 8), (1, 1)):
-            proc, outs = runner.run(eb_exe, "embedding_backward", a, tmp_path / f"{name}-{g[0]}", grid=g)
-            assert proc.returncode == 0, f"{name} on {g}: {proc.stderr[-3000:]}"
-            runs[g] = outs
-        for k, v in ref.items():
-            try:
-                assert_c_close(runs[(8, 8)][k], v, f"{name}.{k}")
-            except AssertionError as e:
-                failures.append(str(e))
-            if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
-                failures.append(f"{name}.{k}: 1 core differs from 64")
+        failures += _on_64_and_1_core(eb_exe, "embedding_backward", a, ref, name, tmp_path)
     assert not failures, "\n".join(failures)
 
 
