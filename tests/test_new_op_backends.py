@@ -1367,14 +1367,6 @@ def _counter_value(v, env: dict) -> int:
     return fn(_counter_value(op.lhs, env), _counter_value(op.rhs, env))
 
 
-def _enclosing(op) -> list:
-    """The ops around ``op``, innermost first."""
-    out = []
-    while (op := op.parent_op()) is not None:
-        out.append(op)
-    return out
-
-
 def test_a_group_of_rows_prefetches_the_next_group_past_its_rows_ends(built):
     """map-cpu: a stream loop reading a group of rows side by side (token_sum's 8 rows of x,
     BatchNorm's column sums' 4 rows of grad_y and x) prefetches, once its ``ahead`` bytes pass a
@@ -1387,6 +1379,7 @@ def test_a_group_of_rows_prefetches_the_next_group_past_its_rows_ends(built):
     from opgen.lower.cpu_map import PREFETCH_AHEAD, cpu_mapping
     from opgen.lower.sched import CpuMapping
     from opgen.passes import pipeline
+    from tests.test_sched_dialect import _ancestors
 
     for name, rows_dim, group in (("token_sum", "N", 8), ("batch_norm_backward", "N", 4)):
         m = built["ops"][name].module()
@@ -1399,7 +1392,7 @@ def test_a_group_of_rows_prefetches_the_next_group_past_its_rows_ends(built):
             parent = loop.parent_op()
             hints = [o for o in loop.body.block.ops if isinstance(o, s.PrefetchOp) and o.write is None]
             assert hints and all(h.wrap is not None and h.ahead.data == PREFETCH_AHEAD for h in hints), name
-            outer = [o.iv for o in _enclosing(parent) if isinstance(o, s.ForOp)]  # (their counters at 0)
+            outer = [o.iv for o in _ancestors(parent, None) if isinstance(o, s.ForOp)]  # (their counters at 0)
             for p in (0, 2, 15):  # (15: rows 60-63 of 64 in token_sum's last group, BatchNorm's 16th)
                 env = {parent.iv: p, rows_dim: 64, "C": 300, "B": 3, **dict.fromkeys(outer, 0)}
                 for h in hints:

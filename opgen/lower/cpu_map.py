@@ -531,7 +531,7 @@ def _one_a_step(row: SSAValue, loop: s.ForOp) -> bool:
     return other is not None and not uses_counter(other, loop)
 
 
-def _wrap(o: s.ForOp, parent: Operation, ld: s.LoadOp, next_row: Callable[[s.LoadOp], SSAValue] | None,
+def _wrap(o: s.ForOp, parent: s.ForOp, ld: s.LoadOp, next_row: Callable[[s.LoadOp], SSAValue],
           lengths: dict[str, SSAValue]) -> tuple[SSAValue, SSAValue] | None:
     """Where the ``PREFETCH_AHEAD`` prefetch of stream load ``ld`` goes once it passes the end of
     its row (``sched.prefetch ... wrap``): the row the parent's next iteration reads in its place
@@ -543,7 +543,7 @@ def _wrap(o: s.ForOp, parent: Operation, ld: s.LoadOp, next_row: Callable[[s.Loa
     each 8 KiB row had been left to the hardware); f32 within the noise. None for a row one a
     step (:func:`_one_a_step`: its end spills into the next row, as it should) and for a row
     whose length is not known. ``lengths``: the rows' lengths built before ``o`` so far, by size."""
-    if next_row is None or not isinstance(parent, s.ForOp) or len(ld.idx) < 2:
+    if len(ld.idx) < 2:
         return None
     row = ld.idx[-2]
     if _one_a_step(row, parent) or not uses_counter(row, parent) or any(uses_counter(i, parent) for i in ld.idx[:-2]):
@@ -584,7 +584,7 @@ def _map(op: Operation, in_parallel: bool) -> None:
                         next_row = _next_rows(o, op) if isinstance(op, s.ForOp) else None
                         lengths: dict[str, SSAValue] = {}
                         for ld in loads:
-                            wrap = _wrap(o, op, ld, next_row, lengths)
+                            wrap = _wrap(o, op, ld, next_row, lengths) if next_row is not None else None
                             hint = s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD, l2=l2, wrap=wrap)
                             o.body.block.insert_op_before(hint, first)
                         for ld, k in shifted:

@@ -165,9 +165,13 @@ def extremum(a: Node, b: Node, larger: bool) -> Node:
     either side; of equal values, -0.0 and +0.0 among them, ``b``). The SFPU's own
     ``binary_max_tile`` orders by the bits' sign and magnitude: a NaN wins or loses by its sign,
     and -0.0 < +0.0. As every comparison here, subnormals compare as zeros (docs/backend_ttmetal.md)."""
-    first = Node("cmp", [a, b], fn="gt" if larger else "lt")
-    nan = Node("cmp", [a, a], fn="ne")
-    return Node("select", [Node("unary", [Node("binary", [first, nan], fn="add")], fn="nez"), a, b])
+    return Node("select", [either(Node("cmp", [a, b], fn="gt" if larger else "lt"), Node("cmp", [a, a], fn="ne")),
+                           a, b])
+
+
+def either(a: Node, b: Node) -> Node:
+    """The mask ``a | b`` of two masks (1.0 or 0.0 tiles): whether their sum is nonzero (``nez_tile``)."""
+    return Node("unary", [Node("binary", [a, b], fn="add")], fn="nez")
 
 
 def op_ident(kind: str, name: str) -> str:
@@ -787,8 +791,8 @@ class Lowering:
             self.env[op.results[0]] = Node("cmp", [self.node(op.lhs), self.node(op.rhs)], fn=op.predicate.data)
             return
         if isinstance(op, (ir.AndOp, ir.OrOp)):
-            both = Node("binary", [self.node(o) for o in op.operands], fn="mul" if isinstance(op, ir.AndOp) else "add")
-            self.env[op.results[0]] = both if isinstance(op, ir.AndOp) else Node("unary", [both], fn="nez")
+            a, b = (self.node(o) for o in op.operands)
+            self.env[op.results[0]] = Node("binary", [a, b], fn="mul") if isinstance(op, ir.AndOp) else either(a, b)
             return
         if isinstance(op, ir.NotOp):
             self.env[op.results[0]] = Node("unary", [self.node(op.operands[0])], fn="eqz")
